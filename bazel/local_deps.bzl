@@ -1,0 +1,97 @@
+"""Finds LibTorch and the Debian-packaged test libraries on this machine.
+
+@libtorch: Debian's libtorch-dev under /usr by default; set LIBTORCH_PREFIX to a
+downloaded LibTorch or a pip wheel's torch/ directory (the one holding include/
+and lib/). CUDA libraries are linked when the prefix has them, and then
+AMP_LIBTORCH_HAS_CUDA is defined. The repository also exports
+`compile_flags.txt` (the -isystem/-D flags a plain compiler invocation needs),
+used by the compile-fail and header tests.
+"""
+
+def _first_existing(ctx, paths):
+    for p in paths:
+        if ctx.path(p).exists:
+            return p
+    return None
+
+def _libtorch_impl(ctx):
+    prefix = ctx.os.environ.get("LIBTORCH_PREFIX", "")
+    if prefix:
+        inc = prefix + "/include"
+        libdir = prefix + "/lib"
+    else:
+        inc = "/usr/include"
+        libdir = _first_existing(ctx, ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"])
+    api = inc + "/torch/csrc/api/include"
+    if not ctx.path(api + "/torch/torch.h").exists or not libdir or not ctx.path(libdir).exists:
+        fail("amp: LibTorch not found (looked for %s/torch/torch.h). Install it with " % api +
+             "`apt-get install --no-install-recommends libtorch-dev` or set LIBTORCH_PREFIX " +
+             "to a LibTorch directory that holds include/ and lib/ (e.g. the output of " +
+             "`python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))'`).")
+
+    # Only torch's own header trees are linked in, so that -isystem never
+    # shadows unrelated system headers.
+    for d in ["ATen", "c10", "caffe2", "torch"]:
+        if ctx.path(inc + "/" + d).exists:
+            ctx.symlink(inc + "/" + d, "include/" + d)
+    ctx.symlink(api, "api/include")
+
+    libs = ["-ltorch", "-ltorch_cpu", "-lc10"]
+    defines = []
+    has_cuda = ctx.path(libdir + "/libtorch_cuda.so").exists
+    if has_cuda:
+        libs = ["-ltorch", "-ltorch_cuda", "-lc10_cuda", "-ltorch_cpu", "-lc10"]
+        defines = ["AMP_LIBTORCH_HAS_CUDA=1"]
+    linkopts = ["-L" + libdir, "-Wl,-rpath," + libdir, "-Wl,--no-as-needed"] + libs + ["-Wl,--as-needed", "-pthread"]
+
+    # When torch's headers are not under a default system include dir, plain
+    # compiler invocations need them too.
+    flags = ["-isystem", str(ctx.path("include")), "-isystem", str(ctx.path("api/include"))]
+    for d in defines:
+        flags.append("-D" + d)
+    ctx.file("compile_flags.txt", "\n".join(flags) + "\n")
+
+    ctx.file("WORKSPACE", "workspace(name = \"libtorch\")\n")
+    ctx.file("BUILD.bazel", """
+package(default_visibility = ["//visibility:public"])
+exports_files(["compile_flags.txt"])
+cc_library(
+    name = "libtorch",
+    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh", "api/include/**/*.h"], allow_empty = True),
+    includes = ["include", "api/include"],
+    defines = {defines},
+    linkopts = {linkopts},
+)
+""".format(defines = repr(defines), linkopts = repr(linkopts)))
+
+libtorch_repository = repository_rule(
+    implementation = _libtorch_impl,
+    environ = ["LIBTORCH_PREFIX"],
+    local = True,
+)
+
+def _system_libs_impl(ctx):
+    """GoogleTest, Google Benchmark and Boost.Hana from Debian's packages."""
+    missing = []
+    for f, pkg in [("/usr/include/gtest/gtest.h", "libgtest-dev"),
+                   ("/usr/include/gmock/gmock.h", "libgmock-dev"),
+                   ("/usr/include/benchmark/benchmark.h", "libbenchmark-dev"),
+                   ("/usr/include/boost/hana.hpp", "libboost-dev")]:
+        if not ctx.path(f).exists:
+            missing.append(pkg)
+    if missing:
+        fail("amp: missing Debian packages: %s. Run `tools/dev test` (it installs them) or " % ", ".join(missing) +
+             "`apt-get install --no-install-recommends %s`." % " ".join(missing))
+    ctx.file("WORKSPACE", "workspace(name = \"system_libs\")\n")
+    ctx.file("BUILD.bazel", """
+package(default_visibility = ["//visibility:public"])
+# Headers live in /usr/include, a default system include directory.
+cc_library(name = "hana")
+cc_library(name = "gtest", linkopts = ["-lgtest", "-pthread"])
+cc_library(name = "gtest_main", deps = [":gtest"], linkopts = ["-lgtest_main"])
+cc_library(name = "gmock", deps = [":gtest"], linkopts = ["-lgmock"])
+cc_library(name = "benchmark", linkopts = ["-lbenchmark", "-pthread"])
+cc_library(name = "benchmark_main", deps = [":benchmark"], linkopts = ["-lbenchmark_main"])
+""")
+
+system_libs_repository = repository_rule(implementation = _system_libs_impl, local = True)

@@ -1,0 +1,77 @@
+// amp/dtype.h: dtype tags (fp16, bf16, fp32, fp64, tf32) and their traits.
+//
+//   using D = amp::bf16;
+//   static_assert(amp::scalar_type_v<D> == c10::ScalarType::BFloat16);
+//   std::cout << amp::dtype_traits<D>::name;   // "bf16"
+//
+// Tags are empty types so that a precision can be a template argument.
+// tf32 is not a storage type: it is fp32 storage with TensorFloat-32 math on
+// tensor-core GPUs, so its scalar_type is Float.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <type_traits>
+
+namespace amp {
+
+struct fp16 {};
+struct bf16 {};
+struct fp32 {};
+struct fp64 {};
+struct tf32 {};
+
+// Primary template is left undefined: only the tags above have traits.
+template <class D>
+struct dtype_traits;
+
+template <>
+struct dtype_traits<fp16> {
+  static constexpr c10::ScalarType scalar_type = c10::ScalarType::Half;
+  static constexpr const char* name = "fp16";
+  static constexpr int bits = 16;
+};
+template <>
+struct dtype_traits<bf16> {
+  static constexpr c10::ScalarType scalar_type = c10::ScalarType::BFloat16;
+  static constexpr const char* name = "bf16";
+  static constexpr int bits = 16;
+};
+template <>
+struct dtype_traits<fp32> {
+  static constexpr c10::ScalarType scalar_type = c10::ScalarType::Float;
+  static constexpr const char* name = "fp32";
+  static constexpr int bits = 32;
+};
+template <>
+struct dtype_traits<fp64> {
+  static constexpr c10::ScalarType scalar_type = c10::ScalarType::Double;
+  static constexpr const char* name = "fp64";
+  static constexpr int bits = 64;
+};
+template <>
+struct dtype_traits<tf32> {
+  static constexpr c10::ScalarType scalar_type = c10::ScalarType::Float;  // storage
+  static constexpr const char* name = "tf32";
+  static constexpr int bits = 32;
+};
+
+namespace detail {
+template <class D, class = void>
+struct is_dtype_impl : std::false_type {};
+template <class D>
+struct is_dtype_impl<D, std::void_t<decltype(dtype_traits<D>::scalar_type)>> : std::true_type {};
+}  // namespace detail
+
+// True for the dtype tags above (and any tag given a dtype_traits specialization).
+template <class D>
+inline constexpr bool is_dtype_v = detail::is_dtype_impl<D>::value;
+
+template <class D>
+inline constexpr c10::ScalarType scalar_type_v = dtype_traits<D>::scalar_type;
+
+// The 16-bit floating types autocast can compute in.
+template <class D>
+inline constexpr bool is_half_precision_v = std::is_same_v<D, fp16> || std::is_same_v<D, bf16>;
+
+}  // namespace amp

@@ -1,0 +1,123 @@
+// amp/policy.h: precision policies as types.
+//
+//   using P = amp::Mixed<amp::fp16, amp::DynamicScaler>;   // "16-mixed"
+//   static_assert(amp::policy_traits<P>::uses_autocast);
+//   std::cout << amp::policy_traits<amp::True<amp::fp64>>::name;   // "64-true"
+//
+// Mixed<Compute, Scaler>: fp32 parameters and optimizer state, eligible ops in
+// Compute through LibTorch's autocast, the loss scaled by Scaler.
+// True<Dtype>: the whole model in one dtype (Lightning's "-true" precisions),
+// no autocast; True<tf32> is fp32 storage with TF32 matmul/conv math on CUDA.
+// Which combinations are valid is decided in traits.h.
+#pragma once
+
+#include <type_traits>
+
+#include "amp/dtype.h"
+#include "amp/scaler/dynamic_scaler.h"
+#include "amp/scaler/no_scaler.h"
+#include "amp/scaler/static_scaler.h"
+
+namespace amp {
+
+template <class Compute, class Scaler>
+struct Mixed {
+  using compute_type = Compute;
+  using scaler_type = Scaler;
+};
+
+template <class Dtype>
+struct True {
+  using compute_type = Dtype;
+  using scaler_type = NoScaler;
+};
+
+// True for any Mixed<...> or True<...> instantiation, valid or not.
+template <class P>
+struct is_policy : std::false_type {};
+template <class C, class S>
+struct is_policy<Mixed<C, S>> : std::true_type {};
+template <class D>
+struct is_policy<True<D>> : std::true_type {};
+template <class P>
+inline constexpr bool is_policy_v = is_policy<P>::value;
+
+template <class P>
+inline constexpr bool is_mixed_v = false;
+template <class C, class S>
+inline constexpr bool is_mixed_v<Mixed<C, S>> = true;
+
+template <class P>
+inline constexpr bool is_true_v = false;
+template <class D>
+inline constexpr bool is_true_v<True<D>> = true;
+
+namespace detail {
+// Lightning's precision strings; amp's own extensions for the policies
+// Lightning has no name for ("16-mixed-static", "tf32-true").
+template <class P>
+struct policy_name {
+  static constexpr const char* value = nullptr;
+};
+template <>
+struct policy_name<Mixed<fp16, DynamicScaler>> {
+  static constexpr const char* value = "16-mixed";
+};
+template <>
+struct policy_name<Mixed<fp16, StaticScaler>> {
+  static constexpr const char* value = "16-mixed-static";
+};
+template <>
+struct policy_name<Mixed<bf16, NoScaler>> {
+  static constexpr const char* value = "bf16-mixed";
+};
+template <>
+struct policy_name<True<fp64>> {
+  static constexpr const char* value = "64-true";
+};
+template <>
+struct policy_name<True<fp32>> {
+  static constexpr const char* value = "32-true";
+};
+template <>
+struct policy_name<True<tf32>> {
+  static constexpr const char* value = "tf32-true";
+};
+template <>
+struct policy_name<True<bf16>> {
+  static constexpr const char* value = "bf16-true";
+};
+template <>
+struct policy_name<True<fp16>> {
+  static constexpr const char* value = "16-true";
+};
+}  // namespace detail
+
+// policy_traits<P>: what a policy means. Defined for every Mixed/True type; use
+// is_valid_policy_v (traits.h) to know whether the combination is allowed.
+template <class P>
+struct policy_traits;
+
+template <class Compute, class Scaler>
+struct policy_traits<Mixed<Compute, Scaler>> {
+  using policy = Mixed<Compute, Scaler>;
+  using compute_type = Compute;   // the dtype autocast computes eligible ops in
+  using param_type = fp32;        // parameters and optimizer state stay fp32
+  using scaler_type = Scaler;
+  static constexpr bool uses_autocast = true;
+  static constexpr bool uses_loss_scaling = uses_loss_scaling_v<Scaler>;
+  static constexpr const char* name = detail::policy_name<policy>::value;
+};
+
+template <class Dtype>
+struct policy_traits<True<Dtype>> {
+  using policy = True<Dtype>;
+  using compute_type = Dtype;
+  using param_type = Dtype;
+  using scaler_type = NoScaler;
+  static constexpr bool uses_autocast = false;
+  static constexpr bool uses_loss_scaling = false;
+  static constexpr const char* name = detail::policy_name<policy>::value;
+};
+
+}  // namespace amp

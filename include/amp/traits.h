@@ -1,0 +1,211 @@
+// amp/traits.h: which policies are valid, which a device supports, and the
+// static rules that reject the others with a message naming the fix.
+//
+//   static_assert(amp::is_valid_policy_v<amp::Mixed<amp::bf16, amp::NoScaler>>);
+//   static_assert(!amp::is_valid_policy_v<amp::Mixed<amp::fp16, amp::NoScaler>>);
+//   static_assert(amp::is_supported_v<amp::True<amp::fp64>, amp::CPU>);
+//
+// One SFINAE-friendly trait per question is the single source of truth;
+// detail::check_policy / check_supported turn a `false` into one static_assert
+// per rule (Trainer, Region and Autocast call them), so a user sees exactly one
+// `amp:` message that ends with the fix.
+#pragma once
+
+#include <type_traits>
+
+#include "amp/device.h"
+#include "amp/dtype.h"
+#include "amp/policy.h"
+#include "amp/scaler/scaler_traits.h"
+#include "amp/version.h"
+
+namespace amp {
+
+// ---------------------------------------------------------------------------
+// The support matrix, derived from LibTorch's version macros.
+//  * CPU autocast: bf16 since 1.10; fp16 since 2.3 (torch.autocast("cpu",
+//    dtype=torch.float16), pytorch#112484). Debian's 1.13 rejects kHalf with
+//    "AutocastCPU only support Bfloat16".
+//  * CPU fp16 kernels (addmm, conv) for True<fp16>: 1.13 has none
+//    ("addmm_impl_cpu_" not implemented for 'Half'); taken as 2.3 with autocast.
+//  * TF32 is a tensor-core math mode: CUDA only.
+//  * CUDA: every valid policy compiles; bf16 needs an Ampere or newer GPU at run time.
+// ---------------------------------------------------------------------------
+inline constexpr bool kCpuHasFp16 = libtorch_at_least(2, 3);
+
+// Can autocast compute in Dtype on Device with this LibTorch?
+template <class Dtype, class Device>
+inline constexpr bool autocast_supported_v = false;
+template <>
+inline constexpr bool autocast_supported_v<bf16, CPU> = true;
+template <>
+inline constexpr bool autocast_supported_v<fp16, CPU> = kCpuHasFp16;
+template <>
+inline constexpr bool autocast_supported_v<bf16, CUDA> = true;
+template <>
+inline constexpr bool autocast_supported_v<fp16, CUDA> = true;
+
+// Can a whole model be trained in Dtype on Device with this LibTorch?
+template <class Dtype, class Device>
+inline constexpr bool true_precision_supported_v = is_dtype_v<Dtype> && is_device_v<Device>;
+template <>
+inline constexpr bool true_precision_supported_v<tf32, CPU> = false;
+template <>
+inline constexpr bool true_precision_supported_v<fp16, CPU> = kCpuHasFp16;
+
+// ---------------------------------------------------------------------------
+// Validity: one trait per rule, then their conjunction.
+// ---------------------------------------------------------------------------
+namespace detail {
+template <class P>
+struct mixed_parts {
+  using compute = void;
+  using scaler = void;
+};
+template <class C, class S>
+struct mixed_parts<Mixed<C, S>> {
+  using compute = C;
+  using scaler = S;
+};
+template <class P>
+struct true_part {
+  using dtype = void;
+};
+template <class D>
+struct true_part<True<D>> {
+  using dtype = D;
+};
+
+template <class P>
+using mixed_compute_t = typename mixed_parts<P>::compute;
+template <class P>
+using mixed_scaler_t = typename mixed_parts<P>::scaler;
+template <class P>
+using true_dtype_t = typename true_part<P>::dtype;
+}  // namespace detail
+
+// Rule: Mixed needs a 16-bit compute dtype.
+template <class P>
+inline constexpr bool mixed_has_half_compute_v = !is_mixed_v<P> || is_half_precision_v<detail::mixed_compute_t<P>>;
+// Rule: the Scaler of a Mixed policy has the scaler interface.
+template <class P>
+inline constexpr bool mixed_has_scaler_v = !is_mixed_v<P> || is_scaler_v<detail::mixed_scaler_t<P>>;
+// Rule: fp16 needs loss scaling.
+template <class P>
+inline constexpr bool fp16_is_scaled_v = !is_mixed_v<P> || !std::is_same_v<detail::mixed_compute_t<P>, fp16> ||
+                                         uses_loss_scaling_v<detail::mixed_scaler_t<P>>;
+// Rule: bf16 must not be loss-scaled.
+template <class P>
+inline constexpr bool bf16_is_unscaled_v = !is_mixed_v<P> || !std::is_same_v<detail::mixed_compute_t<P>, bf16> ||
+                                           !uses_loss_scaling_v<detail::mixed_scaler_t<P>>;
+// Rule: True<D> needs a dtype tag.
+template <class P>
+inline constexpr bool true_has_dtype_v = !is_true_v<P> || is_dtype_v<detail::true_dtype_t<P>>;
+
+template <class P>
+inline constexpr bool is_valid_policy_v = is_policy_v<P> && mixed_has_half_compute_v<P> && mixed_has_scaler_v<P> &&
+                                          fp16_is_scaled_v<P> && bf16_is_unscaled_v<P> && true_has_dtype_v<P>;
+
+namespace detail {
+template <class P, class Device, bool Valid = is_valid_policy_v<P> && is_device_v<Device>>
+struct supported_impl : std::false_type {};
+template <class C, class S, class Device>
+struct supported_impl<Mixed<C, S>, Device, true> : std::bool_constant<autocast_supported_v<C, Device>> {};
+template <class D, class Device>
+struct supported_impl<True<D>, Device, true> : std::bool_constant<true_precision_supported_v<D, Device>> {};
+}  // namespace detail
+
+// A valid policy that this LibTorch can run on Device.
+template <class P, class Device>
+inline constexpr bool is_supported_v = detail::supported_impl<P, Device>::value;
+
+// ---------------------------------------------------------------------------
+// The static rules. Each branch is reached only when the earlier rules hold,
+// so exactly one message is printed.
+// ---------------------------------------------------------------------------
+namespace detail {
+
+template <class>
+inline constexpr bool dependent_false_v = false;
+
+template <class P>
+constexpr bool check_policy() {
+  if constexpr (!is_policy_v<P>) {
+    static_assert(is_policy_v<P>,
+                  "amp: expected a precision policy (amp::Mixed<Compute, Scaler> or amp::True<Dtype>) but got another "
+                  "type; use e.g. amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>> or amp::Trainer<amp::True<amp::fp32>>");
+    return false;
+  } else if constexpr (!true_has_dtype_v<P>) {
+    static_assert(true_has_dtype_v<P>,
+                  "amp: True<Dtype> needs a dtype tag; use amp::True<amp::fp32> (or amp::fp64, amp::bf16, amp::fp16, amp::tf32)");
+    return false;
+  } else if constexpr (!mixed_has_half_compute_v<P>) {
+    static_assert(mixed_has_half_compute_v<P>,
+                  "amp: Mixed<Compute, Scaler> needs a 16-bit compute dtype (fp16 or bf16); for training fully in "
+                  "fp32/fp64/tf32 use amp::True<amp::fp32> (or amp::True<amp::fp64>, amp::True<amp::tf32>)");
+    return false;
+  } else if constexpr (!mixed_has_scaler_v<P>) {
+    static_assert(mixed_has_scaler_v<P>,
+                  "amp: the Scaler of Mixed<Compute, Scaler> lacks the scaler interface (kLossScaling, scale, unscale_, "
+                  "step, update, get_scale, is_enabled, state_dict, load_state_dict); use amp::DynamicScaler, "
+                  "amp::StaticScaler or amp::NoScaler");
+    return false;
+  } else if constexpr (!fp16_is_scaled_v<P>) {
+    static_assert(fp16_is_scaled_v<P>,
+                  "amp: Mixed<fp16, NoScaler> would let fp16 gradients underflow; use "
+                  "amp::Mixed<amp::fp16, amp::DynamicScaler> or amp::Mixed<amp::bf16, amp::NoScaler>");
+    return false;
+  } else if constexpr (!bf16_is_unscaled_v<P>) {
+    static_assert(bf16_is_unscaled_v<P>,
+                  "amp: Mixed<bf16, Scaler> with a loss-scaling Scaler is rejected: bf16 has fp32's exponent range and "
+                  "needs no loss scaling; use amp::Mixed<amp::bf16, amp::NoScaler>");
+    return false;
+  } else {
+    return true;
+  }
+}
+
+template <class P, class Device>
+constexpr bool check_supported() {
+  if constexpr (!check_policy<P>()) {
+    return false;
+  } else if constexpr (!is_device_v<Device>) {
+    static_assert(is_device_v<Device>, "amp: Device must be a device tag; use amp::CPU or amp::CUDA");
+    return false;
+  } else if constexpr (std::is_same_v<P, True<tf32>> && std::is_same_v<Device, CPU>) {
+    static_assert(dependent_false_v<P>,
+                  "amp: True<tf32> is a tensor-core math mode that CPUs do not have; on CPU use amp::True<amp::fp32>");
+    return false;
+  } else if constexpr (!is_supported_v<P, Device> && std::is_same_v<Device, CPU>) {
+    static_assert(dependent_false_v<P>,
+                  "amp: fp16 on CPU (autocast and kernels) needs LibTorch 2.3 or newer; on this LibTorch use "
+                  "amp::Mixed<amp::bf16, amp::NoScaler> (or amp::True<amp::bf16>) on amp::CPU");
+    return false;
+  } else {
+    static_assert(is_supported_v<P, Device>, "amp: this policy is not supported on this device; see amp::supported_policies<Device>");
+    return true;
+  }
+}
+
+template <class Dtype, class Device>
+constexpr bool check_autocast() {
+  if constexpr (!is_half_precision_v<Dtype>) {
+    static_assert(is_half_precision_v<Dtype>,
+                  "amp: Autocast<Dtype, Device> computes in a 16-bit dtype; use amp::Autocast<amp::bf16, Device> or "
+                  "amp::Autocast<amp::fp16, Device>");
+    return false;
+  } else if constexpr (!is_device_v<Device>) {
+    static_assert(is_device_v<Device>, "amp: Device must be a device tag; use amp::CPU or amp::CUDA");
+    return false;
+  } else if constexpr (!autocast_supported_v<Dtype, Device>) {
+    static_assert(autocast_supported_v<Dtype, Device>,
+                  "amp: Autocast<fp16, CPU> needs LibTorch 2.3 or newer (CPU fp16 autocast); use "
+                  "amp::Autocast<amp::bf16, amp::CPU>");
+    return false;
+  } else {
+    return true;
+  }
+}
+
+}  // namespace detail
+}  // namespace amp

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Compile-fail test (Eigen's failtest idea), run by Bazel's sh_test.
+#   compile_fail_test.sh SRC EXPECTED_MESSAGE FLAGS_FILE
+# 1. SRC without AMP_SHOULD_FAIL must compile cleanly (-Wall -Wextra -Werror):
+#    the passing twin proves the harness and the source are sound.
+# 2. SRC with -DAMP_SHOULD_FAIL must fail, and its FIRST error must be a static
+#    assertion carrying EXPECTED_MESSAGE. A build that fails for any other
+#    reason first (typo, missing include) fails this test.
+set -u
+src=$1 expect=$2 flags_file=$3
+cxx=${CXX:-g++}
+std=${AMP_CXX_STD:--std=c++17}
+read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")
+common=("$std" -fsyntax-only -Wall -Wextra -Werror -Iinclude "${torch_flags[@]}")
+
+if ! twin_log=$("$cxx" "${common[@]}" "$src" 2>&1); then
+  echo "FAIL: the passing twin of $src does not compile:"
+  echo "$twin_log" | head -40
+  exit 1
+fi
+
+if fail_log=$("$cxx" "${common[@]}" -DAMP_SHOULD_FAIL "$src" 2>&1); then
+  echo "FAIL: $src compiled with -DAMP_SHOULD_FAIL; expected: $expect"
+  exit 1
+fi
+first_error=$(printf '%s\n' "$fail_log" | grep -m1 -E 'error:')
+case "$first_error" in
+  *"static assertion failed"*"$expect"* | *"static_assert failed"*"$expect"*)
+    echo "PASS: $src -> $first_error"
+    exit 0 ;;
+esac
+echo "FAIL: $src failed to compile, but its first error is not the static assertion"
+echo "  expected: $expect"
+echo "  first error: $first_error"
+printf '%s\n' "$fail_log" | head -40
+exit 1

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Every public header compiles on its own (as Hana checks for each of its headers),
+# with -Wall -Wextra -Werror on amp's code.  header_test.sh FLAGS_FILE HEADER...
+set -u
+flags_file=$1; shift
+cxx=${CXX:-g++}
+std=${AMP_CXX_STD:--std=c++17}
+read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+check() {
+  local h=$1 rel=${1#include/}
+  local tu="$tmp/$(echo "$rel" | tr '/.' '__').cc"
+  printf '#include <%s>\n#include <%s>\n' "$rel" "$rel" > "$tu"   # and include-guarded
+  if log=$("$cxx" "$std" -fsyntax-only -Wall -Wextra -Werror -Iinclude "${torch_flags[@]}" "$tu" 2>&1); then
+    echo "ok   $rel"
+  else
+    echo "FAIL $rel"; echo "$log" | head -20; return 1
+  fi
+}
+fails=0
+for h in "$@"; do check "$h" || fails=$((fails + 1)); done
+echo "$# headers, $fails failed"
+[ "$fails" -eq 0 ]
