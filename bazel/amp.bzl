@@ -37,3 +37,15 @@ def compile_fail_test(name, src, expect, deps = []):
         data = [src, "//:amp_headers", "@libtorch//:compile_flags.txt"] + deps,
         size = "medium",
     )
+
+def header_self_contained_tests(headers):
+    """One sh_test per public header (call from the root package, which owns
+    include/): each header compiles on its own, warning-free."""
+    for hdr in headers:
+        native.sh_test(
+            name = "header_" + hdr[len("include/"):].replace("/", "_").replace(".", "_"),
+            srcs = ["//tools:header_test.sh"],
+            args = ["$(location @libtorch//:compile_flags.txt)", hdr],
+            data = [":amp_headers", "@libtorch//:compile_flags.txt"],
+            size = "small",
+        )

@@ -51,6 +51,17 @@ def _libtorch_impl(ctx):
         flags.append("-D" + d)
     ctx.file("compile_flags.txt", "\n".join(flags) + "\n")
 
+    # The version, for build logic that depends on it (e.g. tests of rules
+    # that only hold before a given LibTorch).
+    major, minor = 0, 0
+    for line in ctx.read(api + "/torch/version.h").splitlines():
+        parts = [p for p in line.replace("\t", " ").split(" ") if p]
+        if len(parts) == 3 and parts[0] == "#define" and parts[1] == "TORCH_VERSION_MAJOR":
+            major = int(parts[2])
+        if len(parts) == 3 and parts[0] == "#define" and parts[1] == "TORCH_VERSION_MINOR":
+            minor = int(parts[2])
+    ctx.file("version.bzl", "TORCH_VERSION = (%d, %d)\nHAS_CUDA = %s\n" % (major, minor, has_cuda))
+
     ctx.file("WORKSPACE", "workspace(name = \"libtorch\")\n")
     ctx.file("BUILD.bazel", """
 package(default_visibility = ["//visibility:public"])

@@ -209,3 +209,19 @@ constexpr bool check_autocast() {
 
 }  // namespace detail
 }  // namespace amp
+
+namespace amp {
+
+// The static rules as a public check, for generic code that takes a policy:
+//   static_assert(amp::require_valid_policy<P>());      // one `amp:` message per broken rule
+//   static_assert(amp::require_supported<P, amp::CPU>());
+template <class P>
+constexpr bool require_valid_policy() {
+  return detail::check_policy<P>();
+}
+template <class P, class Device>
+constexpr bool require_supported() {
+  return detail::check_supported<P, Device>();
+}
+
+}  // namespace amp

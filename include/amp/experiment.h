@@ -1,0 +1,138 @@
+// amp/experiment.h: experiment grids as compile-time Boost.Hana lists.
+//
+//   amp::for_each_policy(amp::supported_policies<amp::CPU>, [](auto policy) {
+//     using P = typename decltype(policy)::type;  run<P>(); });
+//   amp::dispatch_precision<amp::CPU>("bf16-mixed", [](auto policy) { ... });
+//
+// all_policies lists every valid policy once; supported_policies<Device> is
+// computed from it with hana::filter over is_supported_v, so the per-device
+// lists follow the LibTorch version instead of being written by hand. Adding a
+// policy to all_policies adds it to every sweep, typed test and dispatch.
+#pragma once
+
+#include <boost/hana/at_key.hpp>
+#include <boost/hana/filter.hpp>
+#include <boost/hana/front.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/length.hpp>
+#include <boost/hana/tuple.hpp>
+#include <boost/hana/type.hpp>
+#include <boost/hana/unpack.hpp>
+#include <c10/util/Exception.h>
+
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "amp/device.h"
+#include "amp/policy.h"
+#include "amp/traits.h"
+
+namespace amp {
+
+namespace hana = boost::hana;
+
+// Every valid policy, in the order tables and sweeps show them.
+inline constexpr auto all_policies =
+    hana::tuple_t<True<fp32>, True<tf32>, Mixed<bf16, NoScaler>, Mixed<fp16, DynamicScaler>, Mixed<fp16, StaticScaler>,
+                  True<bf16>, True<fp16>, True<fp64>>;
+
+namespace detail {
+template <class Device>
+struct supported_on {
+  template <class T>
+  constexpr auto operator()(T) const {
+    return hana::bool_c<is_supported_v<typename T::type, Device>>;
+  }
+};
+}  // namespace detail
+
+// The policies this LibTorch can run on Device.
+template <class Device>
+inline constexpr auto supported_policies = hana::filter(all_policies, detail::supported_on<Device>{});
+
+// Calls f(hana::type_c<P>) for each policy P of the list, in order.
+template <class List, class F>
+constexpr void for_each_policy(List list, F&& f) {
+  hana::for_each(list, std::forward<F>(f));
+}
+
+// Calls f(hana::type_c<P>) for every policy in all_policies.
+template <class F>
+constexpr void for_each_policy(F&& f) {
+  hana::for_each(all_policies, std::forward<F>(f));
+}
+
+// Template<P...> for a list of policy types, e.g. ::testing::Types<P...>:
+//   using CpuPolicies = amp::unpack_types_t<::testing::Types, decltype(amp::supported_policies<amp::CPU>)>;
+template <template <class...> class Template, class List>
+using unpack_types_t =
+    typename decltype(hana::unpack(std::declval<std::decay_t<List>>(), hana::template_<Template>))::type;
+
+// A policy's precision string (Lightning's vocabulary).
+template <class P>
+constexpr const char* precision_name() {
+  static_assert(detail::check_policy<P>());
+  return policy_traits<P>::name;
+}
+
+// Lightning's legacy spellings and their modern names (the "-mixed" forms for 16/bf16).
+inline std::string canonical_precision(const std::string& name) {
+  if (name == "64") return "64-true";
+  if (name == "32") return "32-true";
+  if (name == "16") return "16-mixed";
+  if (name == "bf16") return "bf16-mixed";
+  return name;
+}
+
+namespace detail {
+template <class List>
+std::string join_names(List list) {
+  std::string out;
+  hana::for_each(list, [&](auto t) {
+    if (!out.empty()) out += ", ";
+    out += policy_traits<typename decltype(t)::type>::name;
+  });
+  return out;
+}
+}  // namespace detail
+
+// Maps a precision string onto its policy and calls f(hana::type_c<P>),
+// returning f's result (f must return the same type for every policy).
+// Throws c10::Error listing the valid strings when `name` is unknown, and the
+// ones this device supports when it names a policy Device cannot run.
+template <class Device, class F>
+decltype(auto) dispatch_precision(const std::string& name, F&& f) {
+  static_assert(is_device_v<Device>, "amp: Device must be a device tag; use amp::CPU or amp::CUDA");
+  using Result = decltype(f(hana::front(supported_policies<Device>)));
+  const std::string wanted = canonical_precision(name);
+  bool known = false;
+  hana::for_each(all_policies, [&](auto t) { known = known || wanted == policy_traits<typename decltype(t)::type>::name; });
+  TORCH_CHECK(known, "amp: unknown precision \"", name, "\"; valid: ", detail::join_names(all_policies),
+              " (legacy: 64, 32, 16, bf16)");
+
+  if constexpr (std::is_void_v<Result>) {
+    bool called = false;
+    hana::for_each(supported_policies<Device>, [&](auto t) {
+      if (!called && wanted == policy_traits<typename decltype(t)::type>::name) {
+        called = true;
+        f(t);
+      }
+    });
+    TORCH_CHECK(called, "amp: precision \"", name, "\" is not supported on ", device_traits<Device>::name,
+                " with LibTorch ", kLibTorchMajor, ".", kLibTorchMinor,
+                "; supported: ", detail::join_names(supported_policies<Device>));
+  } else {
+    std::optional<std::decay_t<Result>> result;
+    hana::for_each(supported_policies<Device>, [&](auto t) {
+      if (!result && wanted == policy_traits<typename decltype(t)::type>::name) result.emplace(f(t));
+    });
+    TORCH_CHECK(result.has_value(), "amp: precision \"", name, "\" is not supported on ", device_traits<Device>::name,
+                " with LibTorch ", kLibTorchMajor, ".", kLibTorchMinor,
+                "; supported: ", detail::join_names(supported_policies<Device>));
+    return std::move(*result);
+  }
+}
+
+}  // namespace amp

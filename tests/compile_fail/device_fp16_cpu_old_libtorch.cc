@@ -1,0 +1,13 @@
+// Compile-fail test: fp16 on CPU before LibTorch 2.3 (registered only for such LibTorch).
+// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
+// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+#include <amp/traits.h>
+
+// The passing twin: a valid use of the same entry point.
+static_assert(amp::require_supported<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>());
+
+#ifdef AMP_SHOULD_FAIL
+static_assert(amp::require_supported<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CPU>());
+#endif
+
+int main() { return 0; }

@@ -1,0 +1,13 @@
+// Compile-fail test: Mixed<> with a compute dtype other than fp16/bf16.
+// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
+// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+#include <amp/traits.h>
+
+// The passing twin: a valid use of the same entry point.
+static_assert(amp::require_valid_policy<amp::Mixed<amp::bf16, amp::NoScaler>>());
+
+#ifdef AMP_SHOULD_FAIL
+static_assert(amp::require_valid_policy<amp::Mixed<amp::fp32, amp::DynamicScaler>>());
+#endif
+
+int main() { return 0; }

@@ -1,0 +1,13 @@
+// Compile-fail test: a Scaler without the scaler interface.
+// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
+// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+#include <amp/traits.h>
+
+// The passing twin: a valid use of the same entry point.
+static_assert(amp::require_valid_policy<amp::Mixed<amp::fp16, amp::StaticScaler>>());
+
+#ifdef AMP_SHOULD_FAIL
+static_assert(amp::require_valid_policy<amp::Mixed<amp::fp16, int>>());
+#endif
+
+int main() { return 0; }

@@ -1,0 +1,215 @@
+// The compile-time core: every combination of dtype x scaler x device is
+// checked against an expected table written out by hand (not derived from the
+// traits under test), plus the Hana lists, typed tests and dispatch.
+#include <gtest/gtest.h>
+
+#include <boost/hana.hpp>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "amp/experiment.h"
+#include "amp/testing.h"
+
+namespace hana = boost::hana;
+
+namespace {
+
+template <class S>
+std::string scaler_name() {
+  if constexpr (std::is_same_v<S, amp::NoScaler>) return "NoScaler";
+  if constexpr (std::is_same_v<S, amp::StaticScaler>) return "StaticScaler";
+  if constexpr (std::is_same_v<S, amp::DynamicScaler>) return "DynamicScaler";
+}
+
+constexpr auto kDtypes = hana::tuple_t<amp::fp16, amp::bf16, amp::fp32, amp::fp64, amp::tf32>;
+constexpr auto kScalers = hana::tuple_t<amp::NoScaler, amp::StaticScaler, amp::DynamicScaler>;
+
+struct Row {
+  bool valid, cpu, cuda;
+};
+
+// What the rules say, written independently of the implementation.
+// cpu16: LibTorch >= 2.3 adds CPU fp16 autocast and kernels.
+std::map<std::string, Row> expected_table() {
+  const bool cpu16 = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3);
+  std::map<std::string, Row> t;
+  for (std::string d : {"fp16", "bf16", "fp32", "fp64", "tf32"})
+    for (std::string s : {"NoScaler", "StaticScaler", "DynamicScaler"}) t["Mixed<" + d + ", " + s + ">"] = {false, false, false};
+  t["Mixed<fp16, StaticScaler>"] = {true, cpu16, true};
+  t["Mixed<fp16, DynamicScaler>"] = {true, cpu16, true};
+  t["Mixed<bf16, NoScaler>"] = {true, true, true};
+  t["True<fp16>"] = {true, cpu16, true};
+  t["True<bf16>"] = {true, true, true};
+  t["True<fp32>"] = {true, true, true};
+  t["True<fp64>"] = {true, true, true};
+  t["True<tf32>"] = {true, false, true};
+  return t;
+}
+
+TEST(PolicyTable, EveryCombinationMatchesTheRules) {
+  std::map<std::string, Row> actual;
+  hana::for_each(kDtypes, [&](auto d) {
+    using D = typename decltype(d)::type;
+    const std::string dn = amp::dtype_traits<D>::name;
+    hana::for_each(kScalers, [&](auto s) {
+      using S = typename decltype(s)::type;
+      using P = amp::Mixed<D, S>;
+      actual["Mixed<" + dn + ", " + scaler_name<S>() + ">"] = {amp::is_valid_policy_v<P>, amp::is_supported_v<P, amp::CPU>,
+                                                               amp::is_supported_v<P, amp::CUDA>};
+    });
+    using T = amp::True<D>;
+    actual["True<" + dn + ">"] = {amp::is_valid_policy_v<T>, amp::is_supported_v<T, amp::CPU>, amp::is_supported_v<T, amp::CUDA>};
+  });
+  const auto expected = expected_table();
+  ASSERT_EQ(actual.size(), 20u);
+  ASSERT_EQ(expected.size(), actual.size());
+  for (const auto& [name, row] : expected) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(actual.count(name));
+    EXPECT_EQ(actual[name].valid, row.valid);
+    EXPECT_EQ(actual[name].cpu, row.cpu);
+    EXPECT_EQ(actual[name].cuda, row.cuda);
+  }
+}
+
+// Non-policies and non-devices are never valid or supported.
+static_assert(!amp::is_policy_v<int>);
+static_assert(!amp::is_valid_policy_v<int>);
+static_assert(!amp::is_valid_policy_v<amp::fp16>);
+static_assert(!amp::is_valid_policy_v<amp::True<int>>);
+static_assert(!amp::is_valid_policy_v<amp::Mixed<amp::fp16, int>>);
+static_assert(!amp::is_supported_v<amp::True<amp::fp32>, int>);
+static_assert(amp::is_scaler_v<amp::NoScaler> && amp::is_scaler_v<amp::DynamicScaler> && amp::is_scaler_v<amp::StaticScaler>);
+static_assert(!amp::is_scaler_v<int> && !amp::is_scaler_v<amp::fp16>);
+static_assert(amp::uses_loss_scaling_v<amp::DynamicScaler> && amp::uses_loss_scaling_v<amp::StaticScaler>);
+static_assert(!amp::uses_loss_scaling_v<amp::NoScaler>);
+
+// A user-defined scaler with the whole interface is accepted.
+struct MyScaler : amp::NoScaler {};
+static_assert(amp::is_scaler_v<MyScaler> && amp::is_valid_policy_v<amp::Mixed<amp::bf16, MyScaler>>);
+
+TEST(DtypeTraits, ScalarTypesNamesAndBits) {
+  EXPECT_EQ(amp::scalar_type_v<amp::fp16>, c10::ScalarType::Half);
+  EXPECT_EQ(amp::scalar_type_v<amp::bf16>, c10::ScalarType::BFloat16);
+  EXPECT_EQ(amp::scalar_type_v<amp::fp32>, c10::ScalarType::Float);
+  EXPECT_EQ(amp::scalar_type_v<amp::fp64>, c10::ScalarType::Double);
+  EXPECT_EQ(amp::scalar_type_v<amp::tf32>, c10::ScalarType::Float);
+  EXPECT_STREQ(amp::dtype_traits<amp::bf16>::name, "bf16");
+  EXPECT_EQ(amp::dtype_traits<amp::fp16>::bits, 16);
+  EXPECT_EQ(amp::dtype_traits<amp::fp64>::bits, 64);
+  EXPECT_EQ(amp::dtype_traits<amp::tf32>::bits, 32);
+}
+
+TEST(PolicyTraits, WhatEachPolicyMeans) {
+  using M16 = amp::policy_traits<amp::Mixed<amp::fp16, amp::DynamicScaler>>;
+  static_assert(std::is_same_v<M16::compute_type, amp::fp16> && std::is_same_v<M16::param_type, amp::fp32>);
+  static_assert(std::is_same_v<M16::scaler_type, amp::DynamicScaler> && M16::uses_autocast && M16::uses_loss_scaling);
+  using MB = amp::policy_traits<amp::Mixed<amp::bf16, amp::NoScaler>>;
+  static_assert(std::is_same_v<MB::compute_type, amp::bf16> && std::is_same_v<MB::param_type, amp::fp32>);
+  static_assert(MB::uses_autocast && !MB::uses_loss_scaling);
+  using T64 = amp::policy_traits<amp::True<amp::fp64>>;
+  static_assert(std::is_same_v<T64::param_type, amp::fp64> && !T64::uses_autocast && !T64::uses_loss_scaling);
+  static_assert(std::is_same_v<T64::scaler_type, amp::NoScaler>);
+  EXPECT_STREQ(M16::name, "16-mixed");
+  EXPECT_STREQ(MB::name, "bf16-mixed");
+  EXPECT_STREQ(T64::name, "64-true");
+  EXPECT_STREQ(amp::policy_traits<amp::True<amp::fp32>>::name, "32-true");
+  EXPECT_STREQ(amp::policy_traits<amp::True<amp::bf16>>::name, "bf16-true");
+  EXPECT_STREQ(amp::policy_traits<amp::True<amp::fp16>>::name, "16-true");
+  EXPECT_STREQ(amp::policy_traits<amp::True<amp::tf32>>::name, "tf32-true");
+  EXPECT_STREQ((amp::policy_traits<amp::Mixed<amp::fp16, amp::StaticScaler>>::name), "16-mixed-static");
+}
+
+TEST(PolicyLists, AllPoliciesAreValidDistinctAndNamed) {
+  std::set<std::string> names;
+  std::size_t n = 0;
+  amp::for_each_policy([&](auto p) {
+    using P = typename decltype(p)::type;
+    static_assert(amp::is_valid_policy_v<P>);
+    names.insert(amp::precision_name<P>());
+    ++n;
+  });
+  EXPECT_EQ(n, 8u);
+  EXPECT_EQ(names.size(), n);
+}
+
+TEST(PolicyLists, SupportedListsAreTheFilteredTable) {
+  const auto expected = expected_table();
+  auto collect = [](auto list) {
+    std::vector<std::string> out;
+    amp::for_each_policy(list, [&](auto p) { out.push_back(amp::policy_traits<typename decltype(p)::type>::name); });
+    return out;
+  };
+  std::vector<std::string> cpu = collect(amp::supported_policies<amp::CPU>);
+  std::vector<std::string> cuda = collect(amp::supported_policies<amp::CUDA>);
+  EXPECT_EQ(cuda.size(), 8u);
+  std::size_t expected_cpu = 0;
+  for (const auto& [name, row] : expected) expected_cpu += row.cpu;
+  // 16-mixed-static shares Mixed<fp16, StaticScaler>'s row.
+  EXPECT_EQ(cpu.size(), expected_cpu);
+  EXPECT_NE(std::find(cpu.begin(), cpu.end(), "bf16-mixed"), cpu.end());
+  EXPECT_NE(std::find(cpu.begin(), cpu.end(), "64-true"), cpu.end());
+  EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "tf32-true"), cpu.end());
+  const bool cpu16 = amp::libtorch_at_least(2, 3);
+  EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "16-mixed") != cpu.end(), cpu16);
+}
+
+// Typed tests over the compile-time list, named by precision string.
+template <class P>
+class EverySupportedPolicy : public ::testing::Test {};
+TYPED_TEST_SUITE(EverySupportedPolicy, amp::testing::PolicyTypes<decltype(amp::supported_policies<amp::CPU>)>,
+                 amp::testing::PolicyNames);
+
+TYPED_TEST(EverySupportedPolicy, IsValidSupportedAndNamedAsGtestSays) {
+  using P = TypeParam;
+  static_assert(amp::is_valid_policy_v<P> && amp::is_supported_v<P, amp::CPU>);
+  std::string name = amp::policy_traits<P>::name;
+  std::replace(name.begin(), name.end(), '-', '_');
+  EXPECT_EQ(::testing::UnitTest::GetInstance()->current_test_info()->type_param(), std::string(::testing::internal::GetTypeName<P>()));
+  EXPECT_NE(std::string(::testing::UnitTest::GetInstance()->current_test_suite()->name()).find(name), std::string::npos);
+}
+
+TEST(DispatchPrecision, EveryStringReachesItsPolicy) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"64-true", "64-true"}, {"32-true", "32-true"}, {"bf16-mixed", "bf16-mixed"}, {"bf16-true", "bf16-true"},
+      {"64", "64-true"},      {"32", "32-true"},      {"bf16", "bf16-mixed"},      {"16-mixed", "16-mixed"},
+      {"16", "16-mixed"},     {"16-true", "16-true"}, {"tf32-true", "tf32-true"},  {"16-mixed-static", "16-mixed-static"}};
+  for (const auto& [in, out] : cases) {
+    SCOPED_TRACE(in);
+    std::string reached = amp::dispatch_precision<amp::CUDA>(in, [](auto p) { return std::string(amp::policy_traits<typename decltype(p)::type>::name); });
+    EXPECT_EQ(reached, out);
+  }
+  // A Mixed<bf16, NoScaler> type, not just its name, arrives.
+  bool is_bf16_mixed = false;
+  amp::dispatch_precision<amp::CPU>("bf16-mixed", [&](auto p) {
+    is_bf16_mixed = std::is_same_v<typename decltype(p)::type, amp::Mixed<amp::bf16, amp::NoScaler>>;
+  });
+  EXPECT_TRUE(is_bf16_mixed);
+}
+
+TEST(DispatchPrecision, UnknownStringThrowsWithTheList) {
+  try {
+    amp::dispatch_precision<amp::CPU>("fp17", [](auto) {});
+    FAIL() << "no throw";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("amp: unknown precision \"fp17\""), std::string::npos) << msg;
+    for (const char* n : {"64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"})
+      EXPECT_NE(msg.find(n), std::string::npos) << n;
+  }
+}
+
+TEST(DispatchPrecision, UnsupportedOnDeviceThrowsWithTheSupportedList) {
+  try {
+    amp::dispatch_precision<amp::CPU>("tf32-true", [](auto) {});
+    FAIL() << "no throw";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("amp: precision \"tf32-true\" is not supported on cpu"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("bf16-mixed"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
