@@ -27,13 +27,17 @@ def amp_cc_binary(name, srcs, deps = [], copts = [], **kw):
 def amp_cc_benchmark(name, srcs, deps = [], copts = [], **kw):
     amp_cc_binary(name = name, srcs = srcs, deps = ["@system_libs//:benchmark_main"] + deps, copts = copts, **kw)
 
-def compile_fail_test(name, src, expect, deps = []):
+def compile_fail_test(name, src, expect = None, deps = []):
     """`src` must compile without AMP_SHOULD_FAIL (the passing twin) and fail
-    with -DAMP_SHOULD_FAIL printing `expect` inside a static assertion."""
+    with -DAMP_SHOULD_FAIL, its first error a static assertion carrying the
+    message of the source's `// expect:` line (or `expect`, when given)."""
+    args = ["$(location %s)" % src, "$(location @libtorch//:compile_flags.txt)"]
+    if expect:
+        args.append("'%s'" % expect.replace("'", "'\\''"))
     native.sh_test(
         name = name,
         srcs = ["//tools:compile_fail_test.sh"],
-        args = ["$(location %s)" % src, "'%s'" % expect.replace("'", "'\\''"), "$(location @libtorch//:compile_flags.txt)"],
+        args = args,
         data = [src, "//:amp_headers", "@libtorch//:compile_flags.txt"] + deps,
         size = "medium",
     )

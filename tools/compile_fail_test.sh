@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Compile-fail test (Eigen's failtest idea), run by Bazel's sh_test.
-#   compile_fail_test.sh SRC EXPECTED_MESSAGE FLAGS_FILE
+#   compile_fail_test.sh SRC FLAGS_FILE [EXPECTED_MESSAGE]
+# EXPECTED_MESSAGE defaults to the text after `// expect: ` in SRC.
 # 1. SRC without AMP_SHOULD_FAIL must compile cleanly (-Wall -Wextra -Werror):
 #    the passing twin proves the harness and the source are sound.
 # 2. SRC with -DAMP_SHOULD_FAIL must fail, and its FIRST error must be a static
 #    assertion carrying EXPECTED_MESSAGE. A build that fails for any other
 #    reason first (typo, missing include) fails this test.
 set -u
-src=$1 expect=$2 flags_file=$3
+src=$1 flags_file=$2 expect=${3:-}
+if [ -z "$expect" ]; then
+  expect=$(sed -n 's|^// expect: ||p' "$src")
+  if [ -z "$expect" ] || [ "$(printf '%s\n' "$expect" | wc -l)" -ne 1 ]; then
+    echo "FAIL: $src needs exactly one '// expect: amp: ...' line"; exit 1
+  fi
+fi
 cxx=${CXX:-g++}
 std=${AMP_CXX_STD:--std=c++17}
 read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")

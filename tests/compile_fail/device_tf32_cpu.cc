@@ -1,4 +1,5 @@
 // Compile-fail test: True<tf32> on CPU.
+// expect: amp: True<tf32> is a tensor-core math mode
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
 #include <amp/traits.h>

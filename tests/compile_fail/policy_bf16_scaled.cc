@@ -1,4 +1,5 @@
 // Compile-fail test: Mixed<bf16, S> with a loss-scaling S.
+// expect: amp: Mixed<bf16, Scaler> with a loss-scaling Scaler is rejected
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
 #include <amp/traits.h>

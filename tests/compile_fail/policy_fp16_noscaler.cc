@@ -1,4 +1,5 @@
 // Compile-fail test: Mixed<fp16, NoScaler> (fp16 gradients underflow).
+// expect: amp: Mixed<fp16, NoScaler> would let fp16 gradients underflow
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
 #include <amp/traits.h>

@@ -1,4 +1,5 @@
 // Compile-fail test: Mixed<> with a compute dtype other than fp16/bf16.
+// expect: amp: Mixed<Compute, Scaler> needs a 16-bit compute dtype
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
 #include <amp/traits.h>

@@ -1,4 +1,5 @@
 // Compile-fail test: a type that is not a policy where a policy is expected.
+// expect: amp: expected a precision policy
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
 #include <amp/traits.h>

@@ -1,4 +1,5 @@
 // Compile-fail test: a Scaler without the scaler interface.
+// expect: amp: the Scaler of Mixed<Compute, Scaler> lacks the scaler interface
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
 #include <amp/traits.h>

@@ -1,4 +1,5 @@
 // Compile-fail test: True<D> with D not a dtype tag.
+// expect: amp: True<Dtype> needs a dtype tag
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
 #include <amp/traits.h>
