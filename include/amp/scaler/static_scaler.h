@@ -1,27 +1,73 @@
-// amp/scaler/dynamic_scaler.h: StaticScaler.
-// INTERFACE SKELETON: the runtime body is being written (issue 3).
+// amp/scaler/static_scaler.h: StaticScaler, loss scaling with a fixed scale.
+//
+//   amp::StaticScaler scaler(amp::StaticScalerOptions().scale(1024.0));
+//   scaler.scale(loss).backward();
+//   scaler.step(optimizer);  scaler.update();   // skips on inf/NaN; the scale stays 1024
+//
+// Apex's and DeepSpeed's "static loss scale": the same scale / unscale_ / step
+// machinery as DynamicScaler (same kernels, same state checks and messages),
+// but update() never changes the scale. A step whose gradients hold inf/NaN is
+// still skipped: with a fixed scale the same overflow tends to repeat, so
+// prefer DynamicScaler unless a fixed scale is known to be safe.
 #pragma once
 
 #include <torch/optim/optimizer.h>
 
-#include <vector>
+#include <cmath>
 
+#include "amp/scaler/dynamic_scaler.h"
+#include "amp/scaler/options.h"
 #include "amp/scaler/scaler_traits.h"
 
 namespace amp {
 
-class StaticScaler {
+class StaticScaler : public detail::LossScalerBase {
  public:
   static constexpr bool kLossScaling = true;
-  at::Tensor scale(const at::Tensor& outputs);
-  void unscale_(torch::optim::Optimizer& optimizer);
-  at::Tensor step(torch::optim::Optimizer& optimizer);
-  void update();
-  double get_scale() const;
-  bool is_enabled() const;
-  StateDict state_dict() const;
-  void load_state_dict(const StateDict& state);
-};
 
+  explicit StaticScaler(StaticScalerOptions options = {})
+      : detail::LossScalerBase(options.enabled(), options.scale()) {
+    if (enabled_) {
+      TORCH_CHECK(std::isfinite(options.scale()) && options.scale() > 0.0,
+                  "amp: StaticScalerOptions::scale must be finite and > 0, got ", options.scale());
+    }
+  }
+
+  // Ends the iteration: every optimizer is READY again; the scale is left
+  // alone. Checks what DynamicScaler::update() checks (a scale() and an inf
+  // check this iteration), so that swapping scalers changes no valid program.
+  void update() {
+    if (!enabled_) {
+      return;
+    }
+    check_scale_initialized("update");
+    consume_found_infs();
+    reset_optimizer_states();
+  }
+
+  // {"scale": float}; empty when disabled.
+  StateDict state_dict() const {
+    StateDict state = detail::empty_state_dict();
+    if (enabled_) {
+      state.insert("scale", get_scale());
+    }
+    return state;
+  }
+
+  // Takes "scale" and ignores any other key, so a DynamicScaler checkpoint
+  // loads too (its current scale becomes the fixed one). No-op when disabled.
+  void load_state_dict(const StateDict& state) {
+    if (!enabled_) {
+      return;
+    }
+    TORCH_CHECK(state.size() != 0,
+                "The source state dict is empty, possibly because it was saved from a disabled instance of "
+                "StaticScaler.");
+    init_scale_ = detail::state_double(state, "scale");
+    if (scale_.defined()) {
+      scale_.fill_(init_scale_);
+    }
+  }
+};
 
 }  // namespace amp
