@@ -17,3 +17,7 @@
 #include "amp/policy.h"
 #include "amp/traits.h"
 #include "amp/experiment.h"
+#include "amp/autocast.h"
+#include "amp/region.h"
+#include "amp/step.h"
+#include "amp/trainer.h"

@@ -1,0 +1,145 @@
+// amp/step.h: one optimizer step of a mixed-precision loop, as a component.
+//
+//   amp::Stepper<amp::DynamicScaler> stepper(optimizer, amp::TrainerOptions().max_grad_norm(1.0));
+//   auto r = stepper.step(loss);     // scaled backward; at the boundary: unscale, clip, step/skip, update
+//   if (r.boundary && r.skipped()) { /* inf/NaN gradients: optimizer step skipped, scale backed off */ }
+//
+// This is the part of Trainer that does not depend on autocast: torch's AMP
+// recipe (scale(loss).backward(); unscale_; clip_grad_norm_; step; update)
+// with gradient accumulation. Trainer runs it after the user's forward; tests
+// drive it directly with a DynamicScaler on fp32 gradients, which is how the
+// loss-scaling path is covered on a CPU LibTorch without fp16 autocast.
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/types.h>  // clip_grad.h of 1.13 uses torch::stack etc. without including it
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "amp/scaler/scaler_traits.h"
+
+namespace amp {
+
+struct TrainerOptions {
+  // Clip the gradients' total norm to this value after unscaling (0 = off),
+  // as torch's recipe: scaler.unscale_(opt); clip_grad_norm_(...); scaler.step(opt).
+  TORCH_ARG(double, max_grad_norm) = 0.0;
+  TORCH_ARG(double, norm_type) = 2.0;
+  // Micro-batches per optimizer step; each micro-batch's loss is divided by it.
+  TORCH_ARG(int64_t, accumulation_steps) = 1;
+  // A progress bar (a TTY) or periodic lines (otherwise) during fit().
+  TORCH_ARG(bool, progress) = true;
+};
+
+namespace detail {
+inline void validate(const TrainerOptions& o) {
+  TORCH_CHECK(o.max_grad_norm() >= 0.0, "amp: TrainerOptions::max_grad_norm must be >= 0 (0 turns clipping off), got ",
+              o.max_grad_norm());
+  TORCH_CHECK(o.norm_type() > 0.0, "amp: TrainerOptions::norm_type must be > 0 (2 for the L2 norm), got ", o.norm_type());
+  TORCH_CHECK(o.accumulation_steps() >= 1, "amp: TrainerOptions::accumulation_steps must be >= 1, got ",
+              o.accumulation_steps());
+}
+
+template <class S, class = void>
+struct has_found_inf : std::false_type {};
+template <class S>
+struct has_found_inf<S, std::void_t<decltype(std::declval<const S&>().found_inf())>> : std::true_type {};
+}  // namespace detail
+
+// What one call of step() did. Tensors, so that no host sync is forced;
+// the accessors that return C++ values do sync.
+struct StepResult {
+  at::Tensor loss;       // detached; at a boundary, the mean over the accumulated micro-batches
+  at::Tensor found_inf;  // 0-dim float, 1 if the step was skipped; undefined if no check was made
+  bool boundary = false; // an optimizer step (or skip) happened in this call
+
+  double loss_value() const { return loss.item<double>(); }
+  bool skipped() const { return boundary && found_inf.defined() && found_inf.item<double>() != 0.0; }
+};
+
+template <class Scaler>
+class Stepper {
+  static_assert(is_scaler_v<Scaler>,
+                "amp: Stepper<Scaler> needs a type with the scaler interface; use amp::DynamicScaler, "
+                "amp::StaticScaler or amp::NoScaler");
+
+ public:
+  using scaler_type = Scaler;
+
+  explicit Stepper(torch::optim::Optimizer& optimizer, TrainerOptions options = {}, Scaler scaler = Scaler())
+      : optimizer_(&optimizer), options_(std::move(options)), scaler_(std::move(scaler)) {
+    detail::validate(options_);
+  }
+
+  // One micro-batch: backward of the (scaled, accumulation-divided) loss; at
+  // the accumulation boundary also unscale, clip, step or skip, update.
+  // Gradients are zeroed at the start of each accumulation cycle.
+  StepResult step(const at::Tensor& loss) {
+    TORCH_CHECK(loss.defined(), "amp: the forward returned an undefined tensor; return the loss tensor");
+    TORCH_CHECK(loss.numel() == 1, "amp: the loss must have one element, got shape ", loss.sizes(),
+                "; reduce it first (e.g. loss.mean())");
+    TORCH_CHECK(loss.requires_grad(),
+                "amp: the loss does not require grad, so backward() cannot reach the parameters; compute it from the "
+                "model's output inside the step function (not under torch::NoGradGuard)");
+    const int64_t n = options_.accumulation_steps();
+    if (micro_ == 0) {
+      optimizer_->zero_grad();
+      loss_sum_ = at::Tensor();
+    }
+    const at::Tensor detached = loss.detach();
+    loss_sum_ = loss_sum_.defined() ? loss_sum_ + detached : detached.clone();
+    scaler_.scale(n > 1 ? loss / static_cast<double>(n) : loss).backward();
+    if (++micro_ < n) return StepResult{detached, at::Tensor(), false};
+    micro_ = 0;
+    return finish_step(n > 1 ? loss_sum_ / static_cast<double>(n) : loss_sum_);
+  }
+
+  // The boundary half of step(), for callers that ran backward themselves
+  // (LBFGS-style closures excluded): unscale, clip, step or skip, update.
+  StepResult finish_step(at::Tensor loss) {
+    if (options_.max_grad_norm() > 0.0) {
+      scaler_.unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
+      torch::nn::utils::clip_grad_norm_(gradients(), options_.max_grad_norm(), options_.norm_type());
+    }
+    scaler_.step(*optimizer_);
+    at::Tensor found_inf;
+    if constexpr (detail::has_found_inf<Scaler>::value) found_inf = scaler_.found_inf();
+    scaler_.update();
+    ++steps_;
+    return StepResult{std::move(loss), std::move(found_inf), true};
+  }
+
+  Scaler& scaler() { return scaler_; }
+  const Scaler& scaler() const { return scaler_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  const TrainerOptions& options() const { return options_; }
+  // Optimizer steps taken (skipped ones included), and micro-batches into the current one.
+  int64_t steps() const { return steps_; }
+  int64_t micro_step() const { return micro_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
+
+  // The parameters of all param groups that have a gradient.
+  std::vector<at::Tensor> gradients() const {
+    std::vector<at::Tensor> params;
+    for (const auto& group : optimizer_->param_groups())
+      for (const auto& p : group.params())
+        if (p.grad().defined()) params.push_back(p);
+    return params;
+  }
+
+ private:
+  torch::optim::Optimizer* optimizer_;
+  TrainerOptions options_;
+  Scaler scaler_;
+  int64_t micro_ = 0;
+  int64_t steps_ = 0;
+  at::Tensor loss_sum_;
+};
+
+}  // namespace amp

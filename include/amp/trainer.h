@@ -1,0 +1,393 @@
+// amp/trainer.h: Trainer<Policy, Device>: an existing model and optimizer,
+// trained under a precision policy.
+//
+//   amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(model, optimizer);
+//   auto r = trainer.step([&](auto& region) { return torch::mse_loss(model(x), y); });
+//   trainer.save("ckpt.pt");                  // atomic; load() refuses another policy's checkpoint
+//
+// step(fn) runs fn(region) under the policy's Region (autocast for Mixed),
+// then the Stepper: scaled backward, unscale, optional clipping, step or skip
+// on inf/NaN, scaler update (torch's AMP recipe). True<> policies convert the
+// model to their dtype at construction; Mixed<> policies require fp32
+// parameters, as torch.autocast does.
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <torch/cuda.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/lbfgs.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "amp/detail/progress.h"
+#include "amp/device.h"
+#include "amp/policy.h"
+#include "amp/region.h"
+#include "amp/step.h"
+#include "amp/traits.h"
+
+namespace amp {
+
+struct FitOptions {
+  // Epochs in total: fit() continues from the trainer's current epoch (after a
+  // load(), the checkpoint's) until this many are done.
+  TORCH_ARG(int64_t, epochs) = 1;
+  // Stop after this many optimizer steps in total (-1: no limit).
+  TORCH_ARG(int64_t, max_steps) = -1;
+  // Save a checkpoint to checkpoint_path every N optimizer steps (0: never).
+  TORCH_ARG(int64_t, checkpoint_every) = 0;
+  TORCH_ARG(std::string, checkpoint_path) = "";
+  // Plain progress lines every N steps when stderr is not a terminal.
+  TORCH_ARG(int64_t, log_every) = 50;
+};
+
+// Per-optimizer-step metrics gathered by fit().
+struct StepMetrics {
+  int64_t step = 0;    // optimizer steps done after this one
+  int64_t epoch = 0;
+  double loss = 0.0;   // mean loss of the step's micro-batches
+  double scale = 1.0;  // the loss scale after the scaler's update
+  bool skipped = false;
+  double seconds = 0.0;  // wall time of the step (forward, backward, step)
+};
+
+struct History {
+  std::vector<StepMetrics> steps;
+  int64_t skipped() const {
+    int64_t n = 0;
+    for (const auto& s : steps) n += s.skipped ? 1 : 0;
+    return n;
+  }
+};
+
+namespace detail {
+
+template <class T>
+struct is_module_holder : std::false_type {};
+template <class M>
+struct is_module_holder<torch::nn::ModuleHolder<M>> : std::true_type {};
+
+template <class M>
+std::shared_ptr<torch::nn::Module> as_module(M&& model) {
+  using T = std::decay_t<M>;
+  if constexpr (std::is_base_of_v<torch::nn::Module, T>) {
+    static_assert(!std::is_base_of_v<torch::nn::Module, T>,
+                  "amp: pass the model as a ModuleHolder (e.g. torch::nn::Linear) or a std::shared_ptr<Module>, not a "
+                  "Module by value; e.g. `auto model = std::make_shared<Net>(); amp::Trainer<P> t(model, optimizer);`");
+    return nullptr;
+  } else if constexpr (std::is_convertible_v<T, std::shared_ptr<torch::nn::Module>>) {
+    std::shared_ptr<torch::nn::Module> m = model;
+    TORCH_CHECK(m != nullptr, "amp: the model is null; construct it before the Trainer");
+    return m;
+  } else {
+    // ModuleHolder<Impl> (torch::nn::Linear, TORCH_MODULE types)
+    TORCH_CHECK(!model.is_empty(), "amp: the model is an empty ModuleHolder; construct it before the Trainer");
+    return model.ptr();
+  }
+}
+
+// Range-like: a DataLoader (unique_ptr) or any range of batches.
+template <class L>
+decltype(auto) as_range(L& loader) {
+  if constexpr (std::is_pointer_v<std::decay_t<L>> || c10::guts::is_instantiation_of<std::unique_ptr, std::decay_t<L>>::value ||
+                c10::guts::is_instantiation_of<std::shared_ptr, std::decay_t<L>>::value) {
+    return *loader;
+  } else {
+    return (loader);
+  }
+}
+
+inline void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace detail
+
+template <class Policy, class Device = CUDA>
+class Trainer {
+  static_assert(require_supported<Policy, Device>());
+
+ public:
+  using policy = Policy;
+  using device = Device;
+  using traits = policy_traits<Policy>;
+  using scaler_type = typename traits::scaler_type;
+  using region_type = Region<Policy, Device>;
+  static constexpr const char* precision = traits::name;
+
+  // `model`: a ModuleHolder (torch::nn::Linear, a TORCH_MODULE) or a
+  // std::shared_ptr<Module>. `optimizer` must outlive the Trainer.
+  template <class Model>
+  Trainer(Model&& model, torch::optim::Optimizer& optimizer, TrainerOptions options = {}, scaler_type scaler = scaler_type())
+      : module_(detail::as_module(std::forward<Model>(model))), stepper_(optimizer, std::move(options), std::move(scaler)) {
+    setup();
+  }
+
+  // One optimizer step (or one micro-batch of it, with accumulation):
+  // fn(region) runs the forward under the policy and returns the loss.
+  template <class F>
+  StepResult step(F&& fn) {
+    if (closure_optimizer_) return closure_step(fn);
+    at::Tensor loss = forward(fn);
+    return stepper_.step(loss);
+  }
+
+  // Epochs over `loader` (a LibTorch DataLoader or any range of batches):
+  // fn(region, batch) returns the loss. Returns the per-step metrics.
+  // Syncs once per optimizer step to read the loss and the scale.
+  template <class Loader, class F>
+  History fit(Loader&& loader, F&& fn, FitOptions fo = FitOptions()) {
+    TORCH_CHECK(fo.epochs() >= 0, "amp: FitOptions::epochs must be >= 0, got ", fo.epochs());
+    TORCH_CHECK(fo.checkpoint_every() == 0 || !fo.checkpoint_path().empty(),
+                "amp: FitOptions::checkpoint_every is set but checkpoint_path is empty; set .checkpoint_path(\"ckpt.pt\")");
+    auto&& range = detail::as_range(loader);
+    History history;
+    int64_t total = fo.max_steps();
+    detail::Progress bar(stepper_.options().progress(), total, precision, fo.log_every());
+    bool stop = fo.max_steps() >= 0 && steps() >= fo.max_steps();
+    while (!stop && epoch_ < fo.epochs()) {
+      int64_t batch_index = 0;
+      auto start = std::chrono::steady_clock::now();
+      for (auto&& batch : range) {
+        // After a mid-epoch load(): skip the batches that were already trained on.
+        if (batch_index++ < batch_in_epoch_) continue;
+        StepResult r = step([&](region_type& region) { return fn(region, batch); });
+        ++batch_in_epoch_;
+        if (!r.boundary) continue;
+        StepMetrics m;
+        m.step = steps();
+        m.epoch = epoch_;
+        m.loss = r.loss_value();
+        m.scale = scaler().get_scale();
+        m.skipped = r.skipped();
+        auto now = std::chrono::steady_clock::now();
+        m.seconds = std::chrono::duration<double>(now - start).count();
+        start = now;
+        history.steps.push_back(m);
+        bar.update(m.step, m.loss, m.scale, m.skipped);
+        if (fo.checkpoint_every() > 0 && steps() % fo.checkpoint_every() == 0) save(fo.checkpoint_path());
+        if (fo.max_steps() >= 0 && steps() >= fo.max_steps()) {
+          stop = true;
+          break;
+        }
+      }
+      if (!stop) {
+        ++epoch_;
+        batch_in_epoch_ = 0;
+      }
+    }
+    bar.finish();
+    return history;
+  }
+
+  // Writes model, optimizer, scaler state, counters and the precision name to
+  // `path` atomically: a temporary file in the same directory, fsync, rename.
+  // A crash at any point leaves either the old or the new file, never a torn one.
+  void save(const std::string& path) const {
+    TORCH_CHECK(stepper_.micro_step() == 0, "amp: save() was called in the middle of gradient accumulation (micro-batch ",
+                stepper_.micro_step(), " of ", stepper_.options().accumulation_steps(),
+                "); call it after the step that completes the accumulation");
+    torch::serialize::OutputArchive archive = to_archive();
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    try {
+      archive.save_to(tmp);
+    } catch (const c10::Error& e) {
+      std::remove(tmp.c_str());
+      TORCH_CHECK(false, "amp: could not write checkpoint '", path, "': ", e.what_without_backtrace());
+    }
+    detail::fsync_path(tmp, false);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      const int err = errno;
+      std::remove(tmp.c_str());
+      TORCH_CHECK(false, "amp: could not move the checkpoint into place at '", path, "': ", std::strerror(err));
+    }
+    const auto slash = path.find_last_of('/');
+    detail::fsync_path(slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash), true);
+  }
+
+  // Restores a checkpoint written by save(). Refuses one saved under another
+  // policy, and a truncated or corrupt file; on any failure the trainer
+  // (model, optimizer, scaler, counters) is left exactly as it was.
+  void load(const std::string& path) {
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(path, parameter_device());
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "amp: could not read checkpoint '", path,
+                  "' (missing, truncated or not a checkpoint written by amp::Trainer::save): ",
+                  e.what_without_backtrace());
+    }
+    c10::IValue format, name;
+    TORCH_CHECK(archive.try_read("amp/format", format) && archive.try_read("amp/precision", name),
+                "amp: '", path, "' is not a checkpoint written by amp::Trainer::save (no amp/format entry)");
+    TORCH_CHECK(format.isInt() && format.toInt() == kCheckpointFormat, "amp: checkpoint '", path, "' has format ",
+                format, ", this amp reads format ", kCheckpointFormat);
+    TORCH_CHECK(name.isString() && name.toStringRef() == precision, "amp: checkpoint '", path,
+                "' was saved under precision \"", name.isString() ? name.toStringRef() : std::string("?"),
+                "\" but this Trainer's policy is \"", precision,
+                "\"; load it into a Trainer of that policy (see amp::dispatch_precision), or start from the model "
+                "weights alone with torch::load");
+
+    // Snapshot, apply, and roll back on any failure.
+    std::stringstream snapshot;
+    to_archive().save_to(snapshot);
+    try {
+      from_archive(archive);
+    } catch (const c10::Error& e) {
+      torch::serialize::InputArchive old;
+      old.load_from(snapshot, parameter_device());
+      from_archive(old);
+      TORCH_CHECK(false, "amp: checkpoint '", path, "' does not fit this model/optimizer (left unchanged): ",
+                  e.what_without_backtrace());
+    }
+  }
+
+  torch::nn::Module& module() { return *module_; }
+  std::shared_ptr<torch::nn::Module> module_ptr() const { return module_; }
+  scaler_type& scaler() { return stepper_.scaler(); }
+  const scaler_type& scaler() const { return stepper_.scaler(); }
+  torch::optim::Optimizer& optimizer() { return stepper_.optimizer(); }
+  const TrainerOptions& options() const { return stepper_.options(); }
+  int64_t steps() const { return stepper_.steps(); }
+  int64_t epoch() const { return epoch_; }
+
+ private:
+  static constexpr int64_t kCheckpointFormat = 1;
+
+  template <class F>
+  at::Tensor forward(F& fn) {
+    static_assert(std::is_invocable_v<F&, region_type&>,
+                  "amp: the step function must take the region: [&](auto& region) { return loss; }");
+    region_type region;
+    return fn(region);
+  }
+
+  // LBFGS re-evaluates the loss inside step(closure); no loss scaling can run
+  // there (the constructor rejects that combination), so the closure is the
+  // plain forward + backward under the region, clipped when asked.
+  template <class F>
+  StepResult closure_step(F& fn) {
+    auto& opt = stepper_.optimizer();
+    at::Tensor last;
+    opt.step([&] {
+      opt.zero_grad();
+      at::Tensor loss = forward(fn);
+      loss.backward();
+      if (stepper_.options().max_grad_norm() > 0.0)
+        torch::nn::utils::clip_grad_norm_(stepper_.gradients(), stepper_.options().max_grad_norm(),
+                                          stepper_.options().norm_type());
+      last = loss.detach();
+      return loss;
+    });
+    stepper_.set_steps(stepper_.steps() + 1);
+    return StepResult{last, at::Tensor(), true};
+  }
+
+  void setup() {
+    auto& opt = stepper_.optimizer();
+    closure_optimizer_ = dynamic_cast<torch::optim::LBFGS*>(&opt) != nullptr;
+    TORCH_CHECK(!(closure_optimizer_ && traits::uses_loss_scaling),
+                "amp: a closure-based optimizer (LBFGS) cannot be used with the loss-scaling policy \"", precision,
+                "\": the scaler would have to unscale and check gradients inside LBFGS's closure; use "
+                "amp::Mixed<amp::bf16, amp::NoScaler> or an amp::True<...> policy");
+    TORCH_CHECK(!closure_optimizer_ || stepper_.options().accumulation_steps() == 1,
+                "amp: gradient accumulation does not apply to a closure-based optimizer (LBFGS); set "
+                "TrainerOptions().accumulation_steps(1)");
+    if constexpr (std::is_same_v<Device, CUDA>) {
+      TORCH_CHECK(torch::cuda::is_available(), "amp: Trainer<", precision,
+                  ", amp::CUDA> needs a CUDA device, but LibTorch sees none; use amp::Trainer<Policy, amp::CPU>");
+    }
+    const c10::ScalarType want = scalar_type_v<typename traits::param_type>;
+    const c10::DeviceType dev = device_traits<Device>::device_type;
+    auto params = module_->named_parameters(/*recurse=*/true);
+    TORCH_CHECK(params.size() > 0, "amp: the model has no parameters to train");
+    for (const auto& p : params) {
+      TORCH_CHECK(p.value().device().type() == dev, "amp: parameter '", p.key(), "' is on ", p.value().device(),
+                  " but the Trainer's device is ", device_traits<Device>::name, "; move the model first (model->to(",
+                  dev == c10::DeviceType::CUDA ? "torch::kCUDA" : "torch::kCPU", ")) or use amp::Trainer<Policy, ",
+                  p.value().device().is_cuda() ? "amp::CUDA" : "amp::CPU", ">");
+      if constexpr (traits::uses_autocast) {
+        TORCH_CHECK(p.value().scalar_type() == want, "amp: ", precision, " keeps parameters in fp32, but parameter '",
+                    p.key(), "' is ", p.value().scalar_type(),
+                    "; call model->to(torch::kFloat32) before constructing the Trainer (autocast chooses the compute "
+                    "dtype per op), or use amp::True<...> to train in one dtype");
+      } else {
+        TORCH_CHECK(at::isFloatingType(p.value().scalar_type()), "amp: parameter '", p.key(), "' is ",
+                    p.value().scalar_type(), ", not a floating-point tensor");
+      }
+    }
+    if constexpr (!traits::uses_autocast) {
+      // True<D>: the whole model in D. Module::to keeps the parameter tensors
+      // (set_data), so the optimizer's references stay valid.
+      module_->to(want);
+    }
+  }
+
+  c10::Device parameter_device() const { return module_->parameters().front().device(); }
+
+  torch::serialize::OutputArchive to_archive() const {
+    torch::serialize::OutputArchive archive;
+    archive.write("amp/format", c10::IValue(kCheckpointFormat));
+    archive.write("amp/precision", c10::IValue(std::string(precision)));
+    archive.write("amp/step", c10::IValue(steps()));
+    archive.write("amp/epoch", c10::IValue(epoch_));
+    archive.write("amp/batch_in_epoch", c10::IValue(batch_in_epoch_));
+    torch::serialize::OutputArchive model, optim, scaler;
+    module_->save(model);
+    stepper_.optimizer().save(optim);
+    for (const auto& kv : stepper_.scaler().state_dict()) scaler.write(kv.key(), kv.value());
+    archive.write("model", model);
+    archive.write("optimizer", optim);
+    archive.write("scaler", scaler);
+    return archive;
+  }
+
+  void from_archive(torch::serialize::InputArchive& archive) {
+    torch::serialize::InputArchive model, optim, scaler;
+    archive.read("model", model);
+    archive.read("optimizer", optim);
+    archive.read("scaler", scaler);
+    c10::IValue step, epoch, batch;
+    archive.read("amp/step", step);
+    archive.read("amp/epoch", epoch);
+    archive.read("amp/batch_in_epoch", batch);
+    auto generic = c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& key : scaler.keys()) {
+      c10::IValue v;
+      scaler.read(key, v);
+      generic.insert(key, v);
+    }
+    module_->load(model);
+    stepper_.optimizer().load(optim);
+    stepper_.scaler().load_state_dict(c10::impl::toTypedDict<std::string, c10::IValue>(generic));
+    stepper_.set_steps(step.toInt());
+    epoch_ = epoch.toInt();
+    batch_in_epoch_ = batch.toInt();
+  }
+
+  std::shared_ptr<torch::nn::Module> module_;
+  Stepper<scaler_type> stepper_;
+  bool closure_optimizer_ = false;
+  int64_t epoch_ = 0;
+  int64_t batch_in_epoch_ = 0;
+};
+
+}  // namespace amp

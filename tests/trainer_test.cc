@@ -1,0 +1,475 @@
+// Trainer<Policy, Device>: typed tests over every CPU-supported policy,
+// checkpoints (round trip, bitwise resume, refusals, crash safety), errors.
+// The loss-scaling path is covered in stepper_test.cc (Stepper<DynamicScaler>
+// on fp32 gradients), since LibTorch < 2.3 has no fp16 autocast on CPU.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "amp/amp.h"
+#include "amp/testing.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Net : torch::nn::Module {
+  Net() {
+    fc1 = register_module("fc1", torch::nn::Linear(16, 64));
+    fc2 = register_module("fc2", torch::nn::Linear(64, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+// A fixed synthetic classification task: labels from a random linear teacher.
+struct Data {
+  torch::Tensor x, y;
+  explicit Data(int64_t n = 256, uint64_t seed = 7) {
+    torch::manual_seed(seed);
+    x = torch::randn({n, 16});
+    auto teacher = torch::randn({16, 4});
+    y = x.matmul(teacher).argmax(1);
+  }
+};
+
+template <class Region>
+torch::Tensor loss_of(Region& region, Net& net, const torch::Tensor& x, const torch::Tensor& y) {
+  auto out = net.forward(x.to(Region::param_dtype == c10::ScalarType::Undefined ? torch::kFloat : Region::param_dtype));
+  (void)region;
+  return torch::cross_entropy_loss(out, y);
+}
+
+std::string tmp_path(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return (fs::path(dir ? dir : fs::temp_directory_path().string()) / name).string();
+}
+
+bool same_parameters(torch::nn::Module& a, torch::nn::Module& b) {
+  auto pa = a.parameters(), pb = b.parameters();
+  if (pa.size() != pb.size()) return false;
+  for (size_t i = 0; i < pa.size(); ++i)
+    if (!torch::equal(pa[i], pb[i])) return false;
+  return true;
+}
+
+template <class P>
+class TrainerPolicies : public ::testing::Test {};
+TYPED_TEST_SUITE(TrainerPolicies, amp::testing::PolicyTypes<decltype(amp::supported_policies<amp::CPU>)>,
+                 amp::testing::PolicyNames);
+
+TYPED_TEST(TrainerPolicies, LossFallsAndParametersHaveThePolicysDtype) {
+  using P = TypeParam;
+  using T = amp::Trainer<P, amp::CPU>;
+  Data data;
+  torch::manual_seed(1);
+  auto net = std::make_shared<Net>();
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+  T trainer(net, opt, amp::TrainerOptions().progress(false));
+  for (const auto& p : net->parameters())
+    EXPECT_EQ(p.scalar_type(), amp::scalar_type_v<typename amp::policy_traits<P>::param_type>);
+  double first = 0, last = 0;
+  for (int i = 0; i < 60; ++i) {
+    auto r = trainer.step([&](typename T::region_type& region) { return loss_of(region, *net, data.x, data.y); });
+    ASSERT_TRUE(r.boundary);
+    EXPECT_FALSE(r.skipped());
+    if (i == 0) first = r.loss_value();
+    last = r.loss_value();
+  }
+  EXPECT_LT(last, 0.5 * first) << amp::policy_traits<P>::name;
+  EXPECT_EQ(trainer.steps(), 60);
+  for (const auto& p : net->parameters()) {
+    EXPECT_EQ(p.scalar_type(), amp::scalar_type_v<typename amp::policy_traits<P>::param_type>);
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().scalar_type(), p.scalar_type());  // gradients in the parameters' dtype
+  }
+}
+
+template <class P>
+double final_loss(int steps) {
+  using T = amp::Trainer<P, amp::CPU>;
+  Data data;
+  torch::manual_seed(3);
+  auto net = std::make_shared<Net>();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  T trainer(net, opt, amp::TrainerOptions().progress(false));
+  double last = 0;
+  for (int i = 0; i < steps; ++i)
+    last = trainer.step([&](typename T::region_type& r) { return loss_of(r, *net, data.x, data.y); }).loss_value();
+  return last;
+}
+
+TEST(Trainer, Bf16MixedFinalLossWithin5PercentOfFp32) {
+  const double fp32 = final_loss<amp::True<amp::fp32>>(80);
+  const double bf16 = final_loss<amp::Mixed<amp::bf16, amp::NoScaler>>(80);
+  EXPECT_LT(fp32, 0.3);  // it learned
+  EXPECT_NEAR(bf16, fp32, 0.05 * fp32 + 1e-3) << "fp32 " << fp32 << " bf16-mixed " << bf16;
+}
+
+TEST(Trainer, MixedRegionRunsLinearInBf16AndKeepsWeightsFp32) {
+  using T = amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
+  Data data;
+  auto net = std::make_shared<Net>();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  T trainer(net, opt, amp::TrainerOptions().progress(false));
+  c10::ScalarType hidden = c10::ScalarType::Undefined, loss_dtype = c10::ScalarType::Undefined;
+  trainer.step([&](T::region_type&) {
+    auto h = net->fc1(data.x);
+    hidden = h.scalar_type();
+    auto loss = torch::cross_entropy_loss(net->fc2(torch::relu(h)), data.y);
+    loss_dtype = loss.scalar_type();
+    return loss;
+  });
+  EXPECT_EQ(hidden, torch::kBFloat16);
+  EXPECT_EQ(loss_dtype, torch::kFloat);
+  for (const auto& p : net->parameters()) {
+    EXPECT_EQ(p.scalar_type(), torch::kFloat);
+    EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
+  }
+  // Outside the step autocast is off again.
+  EXPECT_EQ(net->fc1(data.x).scalar_type(), torch::kFloat);
+}
+
+TEST(Trainer, AccumulationMatchesOneLargeBatch) {
+  Data data(64);
+  auto run = [&](int64_t micro) {
+    torch::manual_seed(5);
+    auto net = std::make_shared<Net>();
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.5));
+    amp::Trainer<amp::True<amp::fp64>, amp::CPU> trainer(net, opt,
+                                                         amp::TrainerOptions().accumulation_steps(micro).progress(false));
+    const int64_t b = 64 / micro;
+    for (int step = 0; step < 3; ++step)
+      for (int64_t m = 0; m < micro; ++m) {
+        auto r = trainer.step([&](auto& region) {
+          return loss_of(region, *net, data.x.narrow(0, m * b, b), data.y.narrow(0, m * b, b));
+        });
+        EXPECT_EQ(r.boundary, m == micro - 1);
+      }
+    EXPECT_EQ(trainer.steps(), 3);
+    return net;
+  };
+  auto one = run(1), four = run(4);
+  auto p1 = one->parameters(), p4 = four->parameters();
+  for (size_t i = 0; i < p1.size(); ++i) EXPECT_TRUE(torch::allclose(p1[i], p4[i], 1e-12, 1e-12)) << i;
+}
+
+TEST(Trainer, ClipsToMaxGradNorm) {
+  Data data(32);
+  torch::manual_seed(2);
+  auto net = std::make_shared<Net>();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.0));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().max_grad_norm(1e-3).progress(false));
+  trainer.step([&](auto& region) { return loss_of(region, *net, data.x, data.y); });
+  double sq = 0;
+  for (const auto& p : net->parameters()) sq += p.grad().pow(2).sum().item<double>();
+  EXPECT_NEAR(std::sqrt(sq), 1e-3, 1e-5);
+}
+
+// --- checkpoints ------------------------------------------------------------
+
+template <class P>
+struct TrainRun {
+  using T = amp::Trainer<P, amp::CPU>;
+  std::shared_ptr<Net> net;
+  std::unique_ptr<torch::optim::Adam> opt;
+  std::unique_ptr<T> trainer;
+  Data data{128};
+  explicit TrainRun(uint64_t seed = 11) {
+    torch::manual_seed(seed);
+    net = std::make_shared<Net>();
+    opt = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
+    trainer = std::make_unique<T>(net, *opt, amp::TrainerOptions().progress(false));
+  }
+  void train(int steps) {
+    for (int i = 0; i < steps; ++i)
+      trainer->step([&](auto& region) {
+        const int64_t k = trainer->steps() % 4;
+        return loss_of(region, *net, data.x.narrow(0, k * 32, 32), data.y.narrow(0, k * 32, 32));
+      });
+  }
+};
+
+template <class P>
+class CheckpointPolicies : public ::testing::Test {};
+using CheckpointTypes = ::testing::Types<amp::True<amp::fp32>, amp::Mixed<amp::bf16, amp::NoScaler>, amp::True<amp::fp64>>;
+TYPED_TEST_SUITE(CheckpointPolicies, CheckpointTypes, amp::testing::PolicyNames);
+
+TYPED_TEST(CheckpointPolicies, ResumeIsBitwiseIdentical) {
+  const std::string path = tmp_path(std::string("resume_") + amp::policy_traits<TypeParam>::name + ".pt");
+  TrainRun<TypeParam> straight;
+  straight.train(20);
+
+  TrainRun<TypeParam> first;
+  first.train(10);
+  first.trainer->save(path);
+  TrainRun<TypeParam> resumed(/*seed=*/999);  // different initial weights, overwritten by load
+  resumed.trainer->load(path);
+  EXPECT_EQ(resumed.trainer->steps(), 10);
+  resumed.train(10);
+  EXPECT_TRUE(same_parameters(*straight.net, *resumed.net));
+  EXPECT_EQ(resumed.trainer->steps(), 20);
+}
+
+TEST(Checkpoint, RefusesAnotherPolicysCheckpointAndLeavesTheTrainerUnchanged) {
+  const std::string path = tmp_path("fp32.pt");
+  TrainRun<amp::True<amp::fp32>> fp32;
+  fp32.train(3);
+  fp32.trainer->save(path);
+  TrainRun<amp::Mixed<amp::bf16, amp::NoScaler>> bf16(21);
+  bf16.train(2);
+  TrainRun<amp::Mixed<amp::bf16, amp::NoScaler>> reference(21);
+  reference.train(2);
+  try {
+    bf16.trainer->load(path);
+    FAIL() << "loaded a 32-true checkpoint into a bf16-mixed trainer";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("amp: checkpoint"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("\"32-true\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find("\"bf16-mixed\""), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(same_parameters(*bf16.net, *reference.net));
+  EXPECT_EQ(bf16.trainer->steps(), 2);
+}
+
+TEST(Checkpoint, TruncatedOrCorruptFileIsRefusedAndNothingChanges) {
+  const std::string good = tmp_path("good.pt"), bad = tmp_path("truncated.pt"), junk = tmp_path("junk.pt");
+  TrainRun<amp::True<amp::fp32>> a;
+  a.train(4);
+  a.trainer->save(good);
+  const auto size = fs::file_size(good);
+  fs::copy_file(good, bad, fs::copy_options::overwrite_existing);
+  fs::resize_file(bad, size / 2);
+  std::ofstream(junk) << "not a checkpoint";
+
+  TrainRun<amp::True<amp::fp32>> b(5), reference(5);
+  b.train(1);
+  reference.train(1);
+  for (const auto& path : {bad, junk, tmp_path("missing.pt")}) {
+    SCOPED_TRACE(path);
+    try {
+      b.trainer->load(path);
+      FAIL() << "loaded " << path;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("amp: could not read checkpoint"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(same_parameters(*b.net, *reference.net));
+    EXPECT_EQ(b.trainer->steps(), 1);
+  }
+  // The trainer still trains exactly like an untouched one.
+  b.train(2);
+  reference.train(2);
+  EXPECT_TRUE(same_parameters(*b.net, *reference.net));
+}
+
+TEST(Checkpoint, ACheckpointOfAnotherModelShapeRollsBack) {
+  const std::string path = tmp_path("other_shape.pt");
+  {
+    torch::manual_seed(0);
+    auto lin = torch::nn::Linear(16, 4);
+    torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
+    amp::Trainer<amp::True<amp::fp32>, amp::CPU> t(lin, opt, amp::TrainerOptions().progress(false));
+    t.save(path);
+  }
+  TrainRun<amp::True<amp::fp32>> b(6), reference(6);
+  EXPECT_THROW(b.trainer->load(path), c10::Error);
+  EXPECT_TRUE(same_parameters(*b.net, *reference.net));
+  b.train(2);
+  reference.train(2);
+  EXPECT_TRUE(same_parameters(*b.net, *reference.net));
+}
+
+// Run by KillDuringSaveLeavesALoadableFile in a child process: saves forever.
+TEST(CheckpointChild, SaveForever) {
+  const char* path = std::getenv("AMP_TEST_SAVE_FOREVER");
+  if (!path) GTEST_SKIP() << "helper for KillDuringSaveLeavesALoadableFile";
+  TrainRun<amp::True<amp::fp32>> a;
+  for (;;) {
+    a.train(1);
+    a.trainer->save(path);
+  }
+}
+
+TEST(Checkpoint, KillDuringSaveLeavesALoadableFile) {
+  const std::string path = tmp_path("killed.pt");
+  {
+    TrainRun<amp::True<amp::fp32>> a;
+    a.train(1);
+    a.trainer->save(path);
+  }
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  int64_t newest = 0;
+  for (int trial = 0; trial < 6; ++trial) {
+    std::string env_kv = "AMP_TEST_SAVE_FOREVER=" + path;
+    std::vector<char*> envp;
+    for (char** e = environ; *e; ++e) envp.push_back(*e);
+    envp.push_back(env_kv.data());
+    envp.push_back(nullptr);
+    std::string filter = "--gtest_filter=CheckpointChild.SaveForever";
+    char* argv[] = {self.data(), filter.data(), nullptr};
+    pid_t pid;
+    ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(600 + 137 * trial));
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status));
+    TrainRun<amp::True<amp::fp32>> b(8);
+    EXPECT_NO_THROW(b.trainer->load(path)) << "trial " << trial;
+    EXPECT_GE(b.trainer->steps(), 1);
+    newest = std::max(newest, b.trainer->steps());
+  }
+  EXPECT_GT(newest, 1) << "the child never replaced the checkpoint: the kill hit nothing";
+}
+
+TEST(Checkpoint, SaveMidAccumulationIsRefused) {
+  Data data(32);
+  auto net = std::make_shared<Net>();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> t(net, opt, amp::TrainerOptions().accumulation_steps(2).progress(false));
+  t.step([&](auto& r) { return loss_of(r, *net, data.x, data.y); });
+  EXPECT_THROW(t.save(tmp_path("mid.pt")), c10::Error);
+}
+
+// --- fit ------------------------------------------------------------------
+
+struct Pairs : torch::data::datasets::Dataset<Pairs> {
+  Pairs(torch::Tensor x, torch::Tensor y) : x_(std::move(x)), y_(std::move(y)) {}
+  torch::data::Example<> get(size_t i) override { return {x_[i], y_[i]}; }
+  c10::optional<size_t> size() const override { return x_.size(0); }
+  torch::Tensor x_, y_;
+};
+
+TEST(Fit, TrainsOverALoaderRecordsHistoryAndResumesMidEpochBitwise) {
+  Data data(256);
+  auto dataset = Pairs(data.x, data.y).map(torch::data::transforms::Stack<>());
+  auto make = [&](uint64_t seed) {
+    torch::manual_seed(seed);
+    return std::make_shared<Net>();
+  };
+  using T = amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
+  auto fn = [](std::shared_ptr<Net> net) {
+    return [net](T::region_type&, auto& batch) { return torch::cross_entropy_loss(net->forward(batch.data), batch.target); };
+  };
+  auto loader_options = torch::data::DataLoaderOptions().batch_size(32);
+
+  auto net_a = make(4);
+  torch::optim::Adam opt_a(net_a->parameters(), torch::optim::AdamOptions(1e-2));
+  T a(net_a, opt_a, amp::TrainerOptions().progress(false));
+  auto loader_a = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(dataset, loader_options);
+  amp::History h = a.fit(loader_a, fn(net_a), amp::FitOptions().epochs(3));
+  ASSERT_EQ(h.steps.size(), 24u);
+  EXPECT_EQ(a.epoch(), 3);
+  EXPECT_LT(h.steps.back().loss, h.steps.front().loss);
+  EXPECT_EQ(h.skipped(), 0);
+  EXPECT_EQ(h.steps[9].epoch, 1);
+
+  // Stop after 13 steps (mid-epoch 2) with a checkpoint, resume in a new trainer.
+  const std::string path = tmp_path("fit.pt");
+  auto net_b = make(4);
+  torch::optim::Adam opt_b(net_b->parameters(), torch::optim::AdamOptions(1e-2));
+  T b(net_b, opt_b, amp::TrainerOptions().progress(false));
+  auto loader_b = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(dataset, loader_options);
+  b.fit(loader_b, fn(net_b), amp::FitOptions().epochs(3).max_steps(13).checkpoint_every(13).checkpoint_path(path));
+  ASSERT_TRUE(fs::exists(path));
+  auto net_c = make(77);
+  torch::optim::Adam opt_c(net_c->parameters(), torch::optim::AdamOptions(1e-2));
+  T c(net_c, opt_c, amp::TrainerOptions().progress(false));
+  c.load(path);
+  EXPECT_EQ(c.steps(), 13);
+  EXPECT_EQ(c.epoch(), 1);
+  amp::History rest = c.fit(loader_b, fn(net_c), amp::FitOptions().epochs(3));
+  EXPECT_EQ(rest.steps.size(), 11u);
+  EXPECT_TRUE(same_parameters(*net_a, *net_c));
+}
+
+// --- errors ---------------------------------------------------------------
+
+TEST(TrainerErrors, MixedRejectsNonFp32Parameters) {
+  auto lin = torch::nn::Linear(4, 4);
+  lin->to(torch::kBFloat16);
+  torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
+  try {
+    amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> t(lin, opt);
+    FAIL();
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("amp: bf16-mixed keeps parameters in fp32, but parameter 'weight' is BFloat16"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model->to(torch::kFloat32)"), std::string::npos) << msg;
+  }
+}
+
+TEST(TrainerErrors, TruePolicyConvertsTheModel) {
+  auto lin = torch::nn::Linear(4, 4);
+  torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
+  amp::Trainer<amp::True<amp::fp64>, amp::CPU> t(lin, opt);
+  EXPECT_EQ(lin->weight.scalar_type(), torch::kDouble);
+  // The optimizer still updates the same (converted) tensors.
+  EXPECT_TRUE(opt.param_groups()[0].params()[0].is_same(lin->weight));
+}
+
+TEST(TrainerErrors, CudaTrainerWithoutCudaFailsClearly) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is present";
+  auto lin = torch::nn::Linear(4, 4);
+  torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
+  try {
+    amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CUDA> t(lin, opt);
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("amp: Trainer<bf16-mixed, amp::CUDA> needs a CUDA device"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainerErrors, LbfgsWithALossScalingPolicyFailsClearly) {
+  auto lin = torch::nn::Linear(4, 4);
+  torch::optim::LBFGS opt(lin->parameters(), torch::optim::LBFGSOptions(0.1));
+  try {
+    amp::Trainer<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA> t(lin, opt);
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("amp: a closure-based optimizer (LBFGS) cannot be used with the loss-scaling policy \"16-mixed\""),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TrainerErrors, LbfgsWithoutScalingTrainsThroughTheClosure) {
+  Data data(64);
+  torch::manual_seed(9);
+  auto net = std::make_shared<Net>();
+  torch::optim::LBFGS opt(net->parameters(), torch::optim::LBFGSOptions(0.5).max_iter(5));
+  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> t(net, opt, amp::TrainerOptions().progress(false));
+  double first = 0, last = 0;
+  for (int i = 0; i < 8; ++i) {
+    auto r = t.step([&](auto& region) { return loss_of(region, *net, data.x, data.y); });
+    (i == 0 ? first : last) = r.loss_value();
+  }
+  EXPECT_LT(last, first);
+  EXPECT_EQ(t.steps(), 8);
+}
+
+TEST(TrainerErrors, BadOptionsAndBadLosses) {
+  auto lin = torch::nn::Linear(4, 2);
+  torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
+  using T = amp::Trainer<amp::True<amp::fp32>, amp::CPU>;
+  EXPECT_THROW(T(lin, opt, amp::TrainerOptions().accumulation_steps(0)), c10::Error);
+  EXPECT_THROW(T(lin, opt, amp::TrainerOptions().max_grad_norm(-1)), c10::Error);
+  T t(lin, opt, amp::TrainerOptions().progress(false));
+  auto x = torch::randn({3, 4});
+  EXPECT_THROW(t.step([&](auto&) { return lin(x); }), c10::Error);  // not a scalar
+  EXPECT_THROW(t.step([&](auto&) { return torch::Tensor(); }), c10::Error);
+  EXPECT_THROW(t.step([&](auto&) { return lin(x).sum().detach(); }), c10::Error);
+}
+
+}  // namespace
