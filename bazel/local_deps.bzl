@@ -82,12 +82,13 @@ libtorch_repository = repository_rule(
 )
 
 def _system_libs_impl(ctx):
-    """GoogleTest, Google Benchmark and Boost.Hana from Debian's packages."""
+    """GoogleTest, Google Benchmark, Boost.Hana and CLI11 from Debian's packages."""
     missing = []
     for f, pkg in [("/usr/include/gtest/gtest.h", "libgtest-dev"),
                    ("/usr/include/gmock/gmock.h", "libgmock-dev"),
                    ("/usr/include/benchmark/benchmark.h", "libbenchmark-dev"),
-                   ("/usr/include/boost/hana.hpp", "libboost-dev")]:
+                   ("/usr/include/boost/hana.hpp", "libboost-dev"),
+                   ("/usr/include/CLI/CLI.hpp", "libcli11-dev")]:
         if not ctx.path(f).exists:
             missing.append(pkg)
     if missing:
@@ -98,6 +99,7 @@ def _system_libs_impl(ctx):
 package(default_visibility = ["//visibility:public"])
 # Headers live in /usr/include, a default system include directory.
 cc_library(name = "hana")
+cc_library(name = "cli11")
 cc_library(name = "gtest", linkopts = ["-lgtest", "-pthread"])
 cc_library(name = "gtest_main", deps = [":gtest"], linkopts = ["-lgtest_main"])
 cc_library(name = "gmock", deps = [":gtest"], linkopts = ["-lgmock"])

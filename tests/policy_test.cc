@@ -189,6 +189,18 @@ TEST(DispatchPrecision, EveryStringReachesItsPolicy) {
   EXPECT_TRUE(is_bf16_mixed);
 }
 
+// Regression: the result comes back by value, not as a reference into
+// dispatch_precision's frame (a Row of the sweep example was destroyed twice).
+TEST(DispatchPrecision, ReturnsTheResultByValue) {
+  auto make = [](auto p) {
+    return std::vector<std::string>(64, std::string(100, 'x') + amp::policy_traits<typename decltype(p)::type>::name);
+  };
+  static_assert(std::is_same_v<decltype(amp::dispatch_precision<amp::CPU>("32", make)), std::vector<std::string>>);
+  const std::vector<std::string> v = amp::dispatch_precision<amp::CPU>("32", make);
+  ASSERT_EQ(v.size(), 64u);
+  EXPECT_EQ(v.back(), std::string(100, 'x') + "32-true");
+}
+
 TEST(DispatchPrecision, UnknownStringThrowsWithTheList) {
   try {
     amp::dispatch_precision<amp::CPU>("fp17", [](auto) {});

@@ -99,11 +99,11 @@ std::string join_names(List list) {
 }  // namespace detail
 
 // Maps a precision string onto its policy and calls f(hana::type_c<P>),
-// returning f's result (f must return the same type for every policy).
+// returning f's result by value (f must return the same type for every policy).
 // Throws c10::Error listing the valid strings when `name` is unknown, and the
 // ones this device supports when it names a policy Device cannot run.
 template <class Device, class F>
-decltype(auto) dispatch_precision(const std::string& name, F&& f) {
+auto dispatch_precision(const std::string& name, F&& f) {
   static_assert(is_device_v<Device>, "amp: Device must be a device tag; use amp::CPU or amp::CUDA");
   using Result = decltype(f(hana::front(supported_policies<Device>)));
   const std::string wanted = canonical_precision(name);

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs one example the way a user would and checks what it prints and writes.
+set -euo pipefail
+bin=$1 name=$2
+# $(location) is relative to the runfiles root; resolve it before leaving it.
+case "$bin" in /*) ;; *) bin="$PWD/$bin" ;; esac
+work=${TEST_TMPDIR:-$(mktemp -d)}
+cd "$work"
+fail() { echo "FAIL ($name): $*"; exit 1; }
+case "$name" in
+  precision_sweep)
+    "$bin" --device=cpu --steps=12 --batch-size=64 --hidden=64 --csv=sweep.csv --plot=sweep.png >out.txt 2>err.txt \
+      || { cat out.txt err.txt; fail "exit code"; }
+    cat out.txt
+    grep -q "^precision *final loss *accuracy *steps/s *speedup *peak memory *skipped *loss scale" out.txt || fail "no table header"
+    for p in 32-true bf16-mixed 64-true; do grep -q "^$p " out.txt || fail "no row for $p"; done
+    [ "$(grep -c '^32-true,' sweep.csv)" -eq 12 ] || fail "sweep.csv lacks 12 steps of 32-true"
+    head -1 sweep.csv | grep -qx "precision,step,epoch,loss,scale,skipped,seconds" || fail "csv header"
+    if command -v gnuplot >/dev/null; then
+      [ -s sweep.png ] && head -c 8 sweep.png | grep -q PNG || fail "no PNG plot"
+    fi
+    # One policy by its Lightning string, and a clear error for a bad one.
+    "$bin" --device=cpu --precision=bf16 --steps=3 --batch-size=32 --hidden=32 >one.txt 2>/dev/null || fail "--precision=bf16"
+    grep -q "^bf16-mixed " one.txt || fail "legacy 'bf16' did not run bf16-mixed"
+    [ "$(grep -cE '^(32-true|64-true) ' one.txt)" -eq 0 ] || fail "--precision ran more than one policy"
+    if "$bin" --device=cpu --precision=fp17 --steps=2 >bad.txt 2>&1; then fail "unknown precision accepted"; fi
+    grep -q 'amp: unknown precision "fp17"; valid: ' bad.txt || { cat bad.txt; fail "unknown precision message"; }
+    ;;
+  *)
+    "$bin" >out.txt 2>&1 || { cat out.txt; fail "exit code"; }
+    cat out.txt
+    ;;
+esac
+echo "PASS: $name"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# README checks: (1) every ```cpp block compiles as its own translation unit
+# (-fsyntax-only, -Wall -Wextra -Werror on amp's code); (2) the support matrix
+# table printed by tools/support_matrix for this LibTorch appears verbatim.
+#   readme_test.sh README.md SUPPORT_MATRIX_BIN FLAGS_FILE
+set -u
+readme=$1 matrix_bin=$2 flags_file=$3
+cxx=${CXX:-g++}
+std=${AMP_CXX_STD:--std=c++17}
+read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+awk -v dir="$tmp" '
+  /^```cpp/ { n++; file = sprintf("%s/block_%02d.cc", dir, n); inblock = 1; next }
+  /^```/ && inblock { inblock = 0; close(file); next }
+  inblock { print > file }
+' "$readme"
+fails=0 count=0
+for f in "$tmp"/block_*.cc; do
+  [ -e "$f" ] || continue
+  count=$((count + 1))
+  if log=$("$cxx" "$std" -fsyntax-only -Wall -Wextra -Werror -Iinclude "${torch_flags[@]}" "$f" 2>&1); then
+    echo "ok   README C++ block $(basename "$f")"
+  else
+    echo "FAIL README C++ block $(basename "$f"):"; sed 's/^/    /' "$f"; echo "$log" | head -20
+    fails=$((fails + 1))
+  fi
+done
+[ "$count" -gt 0 ] || { echo "FAIL: no \`\`\`cpp blocks found in $readme"; exit 1; }
+while IFS= read -r line; do
+  [ -z "$line" ] && continue
+  case "$line" in "(computed for"*) continue ;; esac
+  if ! grep -qxF -- "$line" "$readme"; then
+    echo "FAIL: README's support matrix lacks this computed row: $line"; fails=$((fails + 1))
+  fi
+done < <("$matrix_bin")
+echo "$count C++ blocks checked, $fails failures"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,47 @@
+// tools/support_matrix.cc: prints the policy table and the support matrix as
+// the traits compute them for the LibTorch this is built against. The README
+// shows this output; //tools:readme_test checks that it still matches.
+#include <amp/amp.h>
+
+#include <iostream>
+#include <string>
+
+namespace {
+template <class D>
+std::string dtype_name() {
+  return amp::dtype_traits<D>::name;
+}
+template <class S>
+std::string scaler_name() {
+  if constexpr (std::is_same_v<S, amp::NoScaler>) return "NoScaler";
+  if constexpr (std::is_same_v<S, amp::StaticScaler>) return "StaticScaler";
+  if constexpr (std::is_same_v<S, amp::DynamicScaler>) return "DynamicScaler";
+}
+template <class P>
+std::string type_name() {
+  using T = amp::policy_traits<P>;
+  if constexpr (amp::is_mixed_v<P>)
+    return "`Mixed<" + dtype_name<typename T::compute_type>() + ", " + scaler_name<typename T::scaler_type>() + ">`";
+  else
+    return "`True<" + dtype_name<typename T::compute_type>() + ">`";
+}
+}  // namespace
+
+int main() {
+  std::cout << "| policy | precision string | parameters | compute | scaler | CPU | CUDA |\n";
+  std::cout << "|---|---|---|---|---|---|---|\n";
+  amp::for_each_policy([](auto p) {
+    using P = typename decltype(p)::type;
+    using T = amp::policy_traits<P>;
+    // tf32 is fp32 storage with TensorFloat-32 matmul/conv math.
+    const std::string params = std::is_same_v<typename T::param_type, amp::tf32> ? "fp32" : dtype_name<typename T::param_type>();
+    const std::string compute = std::is_same_v<typename T::compute_type, amp::tf32> ? "tf32 (matmul/conv)"
+                                : T::uses_autocast ? dtype_name<typename T::compute_type>() + " (autocast)"
+                                                   : dtype_name<typename T::compute_type>();
+    std::cout << "| " << type_name<P>() << " | `" << T::name << "` | " << params << " | " << compute << " | "
+              << scaler_name<typename T::scaler_type>() << " | " << (amp::is_supported_v<P, amp::CPU> ? "yes" : "no")
+              << " | " << (amp::is_supported_v<P, amp::CUDA> ? "yes" : "no") << " |\n";
+  });
+  std::cout << "\n(computed for LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor << ")\n";
+  return 0;
+}
