@@ -9,6 +9,10 @@
 // see the same machine state. Counters: hand_ms, trainer_ms and their ratio.
 // BM_Mlp/<policy>: steps/s and the process's peak RSS during the benchmark for
 // a large MLP (2048-8192-2048, batch 512, Adam).
+// BM_StepperVsHandScaler: the same for the loss-scaling path (DynamicScaler).
+// BM_StrictCasts: the precision sweep's model and step (MLP 256-1024-1024-16,
+// batch 256, AdamW, clipping) under bf16-mixed, with strict casts kThrow and
+// kOff, interleaved; counters on_ms, off_ms and on_over_off.
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -103,11 +107,95 @@ void BM_Mlp(benchmark::State& state) {
   state.SetLabel(amp::policy_traits<P>::name);
 }
 
+// The loss-scaling path (no CPU fp16 autocast on LibTorch < 2.3, so on fp32
+// gradients): torch's GradScaler recipe by hand vs amp::Stepper<DynamicScaler>,
+// the component Trainer runs after the forward.
+void BM_StepperVsHandScaler(benchmark::State& state) {
+  const int64_t width = state.range(0);
+  auto hand_model = make_mlp(width, 4 * width, width);
+  auto amp_model = make_mlp(width, 4 * width, width);
+  torch::optim::Adam hand_opt(hand_model->parameters(), torch::optim::AdamOptions(1e-4));
+  torch::optim::Adam amp_opt(amp_model->parameters(), torch::optim::AdamOptions(1e-4));
+  amp::DynamicScaler hand_scaler;
+  amp::Stepper<amp::DynamicScaler> stepper(amp_opt);
+  const auto x = torch::randn({256, width});
+  const auto y = torch::randn({256, width});
+  auto hand = [&] {
+    hand_opt.zero_grad();
+    auto loss = torch::mse_loss(hand_model->forward(x), y);
+    hand_scaler.scale(loss).backward();
+    hand_scaler.step(hand_opt);
+    hand_scaler.update();
+  };
+  auto ours = [&] { stepper.step(torch::mse_loss(amp_model->forward(x), y)); };
+  for (int i = 0; i < 3; ++i) {
+    hand();
+    ours();
+  }
+  double t_hand = 0, t_ours = 0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    hand();
+    auto t1 = Clock::now();
+    ours();
+    auto t2 = Clock::now();
+    t_hand += std::chrono::duration<double>(t1 - t0).count();
+    t_ours += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["hand_ms"] = 1e3 * t_hand / n;
+  state.counters["stepper_ms"] = 1e3 * t_ours / n;
+  state.counters["stepper_over_hand"] = t_ours / t_hand;
+}
+
+void BM_StrictCasts(benchmark::State& state) {
+  using P = amp::Mixed<amp::bf16, amp::NoScaler>;
+  auto make = [] {
+    torch::manual_seed(0);
+    return torch::nn::Sequential(torch::nn::Linear(256, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 1024),
+                                 torch::nn::ReLU(), torch::nn::Linear(1024, 16));
+  };
+  auto on_model = make(), off_model = make();
+  torch::optim::AdamW on_opt(on_model->parameters(), torch::optim::AdamWOptions(1e-3));
+  torch::optim::AdamW off_opt(off_model->parameters(), torch::optim::AdamWOptions(1e-3));
+  const auto options = amp::TrainerOptions().max_grad_norm(1.0).progress(false);
+  amp::Trainer<P, amp::CPU> on(on_model, on_opt, amp::TrainerOptions(options).strict_casts(amp::StrictCasts::kThrow));
+  amp::Trainer<P, amp::CPU> off(off_model, off_opt, amp::TrainerOptions(options).strict_casts(amp::StrictCasts::kOff));
+  const auto x = torch::randn({256, 256});
+  const auto y = torch::randint(0, 16, {256});
+  auto step = [&](amp::Trainer<P, amp::CPU>& t, torch::nn::Sequential& m) {
+    t.step([&](auto&) { return torch::cross_entropy_loss(m->forward(x), y); });
+  };
+  for (int i = 0; i < 3; ++i) {
+    step(on, on_model);
+    step(off, off_model);
+  }
+  double t_on = 0, t_off = 0;
+  bool on_first = true;
+  for (auto _ : state) {
+    // Alternate which goes first, so neither always runs on a warmer cache.
+    auto t0 = Clock::now();
+    on_first ? step(on, on_model) : step(off, off_model);
+    auto t1 = Clock::now();
+    on_first ? step(off, off_model) : step(on, on_model);
+    auto t2 = Clock::now();
+    (on_first ? t_on : t_off) += std::chrono::duration<double>(t1 - t0).count();
+    (on_first ? t_off : t_on) += std::chrono::duration<double>(t2 - t1).count();
+    on_first = !on_first;
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["on_ms"] = 1e3 * t_on / n;
+  state.counters["off_ms"] = 1e3 * t_off / n;
+  state.counters["on_over_off"] = t_on / t_off;
+}
+
 using Fp32 = amp::True<amp::fp32>;
 using Bf16Mixed = amp::Mixed<amp::bf16, amp::NoScaler>;
 
 BENCHMARK_TEMPLATE(BM_TrainerVsHandLoop, Fp32)->Arg(512)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK_TEMPLATE(BM_TrainerVsHandLoop, Bf16Mixed)->Arg(512)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK(BM_StepperVsHandScaler)->Arg(512)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK(BM_StrictCasts)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(5.0);
 BENCHMARK_TEMPLATE(BM_Mlp, Fp32)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(4);
 BENCHMARK_TEMPLATE(BM_Mlp, Bf16Mixed)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(4);
 

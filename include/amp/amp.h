@@ -18,6 +18,7 @@
 #include "amp/traits.h"
 #include "amp/experiment.h"
 #include "amp/autocast.h"
+#include "amp/strict_casts.h"
 #include "amp/region.h"
 #include "amp/step.h"
 #include "amp/trainer.h"

@@ -23,6 +23,9 @@
 //    rejected otherwise; inside a True<D> region it is always rejected (True
 //    regions do not autocast: use a Mixed policy).
 //  * region.full_precision(f, args...) is the sanctioned fp32 island.
+//  * At run time (amp/strict_casts.h), a Mixed region also catches raw
+//    x.to(torch::kHalf) / x.to(torch::kBFloat16) casts, which no type can see:
+//    Region(amp::StrictCasts::kThrow | kWarn | kOff), default kDefaultStrictCasts.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,6 +41,7 @@
 #include "amp/device.h"
 #include "amp/dtype.h"
 #include "amp/policy.h"
+#include "amp/strict_casts.h"
 #include "amp/traits.h"
 
 namespace amp {
@@ -171,7 +175,10 @@ class Region {
   static constexpr c10::DeviceType device_type = detail::device_type_or_cpu<Device>();
   static constexpr bool uses_autocast = is_mixed_v<Policy>;
 
-  Region() = default;
+  // strict_casts: what a raw manual cast to fp16/bf16 inside a Mixed region
+  // does (amp/strict_casts.h); ignored by True<> regions, which do not autocast.
+  explicit Region(StrictCasts strict_casts = kDefaultStrictCasts)
+      : strict_mode_(strict_casts), strict_(strict_casts, device_type, compute_dtype) {}
   // User-provided on purpose: `amp::Region<amp::True<amp::fp64>, amp::CPU> region;`
   // around user code must not trip -Wunused-variable (an inert region would
   // otherwise be trivially destructible, which is what that warning looks for).
@@ -198,6 +205,9 @@ class Region {
     return t.to(detail::scalar_type_or_undefined<D>());
   }
 
+  // The strict-casts mode this region was created with (kOff for True<> regions).
+  StrictCasts strict_casts() const { return uses_autocast ? strict_mode_ : StrictCasts::kOff; }
+
   // Nested autocast: in a Mixed<C, S> region, autocast<C>(f, args...) just calls
   // f (the region already autocasts to C); any other use is a compile error.
   template <class D, class F, class... Args>
@@ -212,7 +222,16 @@ class Region {
   // prints check_supported's message and nothing else.
   using guard_type =
       std::conditional_t<uses_autocast && is_supported_v<Policy, Device>, Autocast<compute_type, Device>, Inert>;
+  struct InertStrict {
+    InertStrict(StrictCasts, c10::DeviceType, c10::ScalarType) {}
+  };
+  using strict_type =
+      std::conditional_t<uses_autocast && is_supported_v<Policy, Device>, detail::StrictCastsGuard, InertStrict>;
+
   [[maybe_unused]] guard_type guard_;
+  StrictCasts strict_mode_;
+  // After guard_: checking starts once autocast is on and stops before it is off.
+  [[maybe_unused]] strict_type strict_;
 };
 
 }  // namespace amp

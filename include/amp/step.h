@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "amp/scaler/scaler_traits.h"
+#include "amp/strict_casts.h"
 
 namespace amp {
 
@@ -34,6 +35,9 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, accumulation_steps) = 1;
   // A progress bar (a TTY) or periodic lines (otherwise) during fit().
   TORCH_ARG(bool, progress) = true;
+  // What a raw x.to(torch::kHalf / kBFloat16) in the forward of a Mixed policy
+  // does (amp/strict_casts.h): kThrow, kWarn or kOff. Used by Trainer's region.
+  TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
 };
 
 namespace detail {

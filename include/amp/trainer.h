@@ -276,7 +276,7 @@ class Trainer {
   at::Tensor forward(F& fn) {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the step function must take the region: [&](auto& region) { return loss; }");
-    region_type region;
+    region_type region(stepper_.options().strict_casts());
     return fn(region);
   }
 

@@ -2,13 +2,16 @@
 //
 //   amp::detail::compat::...   (never used by callers)
 //
-// Sections: GradScaler kernels; autocast state API.
+// Sections: GradScaler kernels; autocast state API; telling autocast's own work apart.
 #pragma once
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceType.h>
+#include <c10/core/DispatchKey.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <cstdlib>
 
@@ -134,6 +137,22 @@ inline void set_autocast_cache_enabled(bool enabled) { at::autocast::set_autocas
 inline int autocast_increment_nesting() { return at::autocast::increment_nesting(); }
 inline int autocast_decrement_nesting() { return at::autocast::decrement_nesting(); }
 inline void clear_autocast_cache() { at::autocast::clear_cache(); }
+
+// --- telling autocast's own work apart (strict_casts.h) ----------------------
+// Autocast is "on" for a device exactly while its Autocast* dispatch key is
+// not excluded in the thread's TLS; autocast's kernels exclude it while they
+// run (ExcludeDispatchKeyGuard in autocast_mode.cpp), so an op issued with the
+// key excluded comes from autocast itself, or from code where autocast is off.
+// Same keys and mechanism in 1.13 and 2.x.
+inline bool autocast_dispatch_excluded(c10::DeviceType device) {
+  return c10::impl::tls_is_dispatch_key_excluded(device == c10::DeviceType::CUDA ? c10::DispatchKey::AutocastCUDA
+                                                                                  : c10::DispatchKey::AutocastCPU);
+}
+
+// Whether this thread is executing a backward() graph task (the autograd
+// engine sets a thread-local current graph task around every node it runs;
+// this accessor of it exists, with this signature, in 1.13 and 2.x).
+inline bool inside_autograd_backward() { return torch::autograd::get_current_graph_task_exec_info() != nullptr; }
 
 }  // namespace compat
 }  // namespace detail
