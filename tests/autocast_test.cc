@@ -7,6 +7,8 @@
 // thread-local autocast state. Op-level CUDA checks GTEST_SKIP without a GPU.
 #include "amp/autocast.h"
 
+#include "autocast_state.h"
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -25,35 +27,10 @@ namespace compat = amp::detail::compat;
 using c10::DeviceType;
 using c10::ScalarType;
 
-// The nesting counter has no getter: read it by a balanced increment/decrement.
-int nesting() {
-  const int n = compat::autocast_increment_nesting() - 1;
-  compat::autocast_decrement_nesting();
-  return n;
-}
-
-// Everything an autocast guard saves and restores, for one thread.
-struct State {
-  bool cpu_enabled, cuda_enabled;
-  ScalarType cpu_dtype, cuda_dtype;
-  bool cache_enabled;
-  int nesting;
-  bool operator==(const State& o) const {
-    return cpu_enabled == o.cpu_enabled && cuda_enabled == o.cuda_enabled && cpu_dtype == o.cpu_dtype &&
-           cuda_dtype == o.cuda_dtype && cache_enabled == o.cache_enabled && nesting == o.nesting;
-  }
-};
-std::ostream& operator<<(std::ostream& os, const State& s) {
-  return os << "{cpu " << s.cpu_enabled << "/" << s.cpu_dtype << ", cuda " << s.cuda_enabled << "/" << s.cuda_dtype
-            << ", cache " << s.cache_enabled << ", nesting " << s.nesting << "}";
-}
-State snapshot() {
-  return {compat::autocast_enabled(DeviceType::CPU), compat::autocast_enabled(DeviceType::CUDA),
-          compat::autocast_dtype(DeviceType::CPU),   compat::autocast_dtype(DeviceType::CUDA),
-          compat::autocast_cache_enabled(),          nesting()};
-}
-// A fresh thread's state (measured on 1.13: CPU bf16, CUDA fp16, both off).
-const State kDefault{false, false, ScalarType::BFloat16, ScalarType::Half, true, 0};
+using amp_test::kDefault;
+using amp_test::nesting;
+using amp_test::snapshot;
+using amp_test::State;
 
 at::Tensor linear_out() {
   return at::linear(at::ones({2, 4}), at::ones({3, 4}));

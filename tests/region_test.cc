@@ -10,6 +10,8 @@
 // dtype. The same CPU fp32 loss list is in LibTorch 2.x.
 #include "amp/region.h"
 
+#include "autocast_state.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -32,32 +34,10 @@ using Bf16Region = amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
 using Fp16CudaRegion = amp::Region<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA>;
 using Fp64Region = amp::Region<amp::True<amp::fp64>, amp::CPU>;
 
-int nesting() {
-  const int n = compat::autocast_increment_nesting() - 1;
-  compat::autocast_decrement_nesting();
-  return n;
-}
-
-struct State {
-  bool cpu_enabled, cuda_enabled;
-  ScalarType cpu_dtype, cuda_dtype;
-  bool cache_enabled;
-  int nesting;
-  bool operator==(const State& o) const {
-    return cpu_enabled == o.cpu_enabled && cuda_enabled == o.cuda_enabled && cpu_dtype == o.cpu_dtype &&
-           cuda_dtype == o.cuda_dtype && cache_enabled == o.cache_enabled && nesting == o.nesting;
-  }
-};
-std::ostream& operator<<(std::ostream& os, const State& s) {
-  return os << "{cpu " << s.cpu_enabled << "/" << s.cpu_dtype << ", cuda " << s.cuda_enabled << "/" << s.cuda_dtype
-            << ", cache " << s.cache_enabled << ", nesting " << s.nesting << "}";
-}
-State snapshot() {
-  return {compat::autocast_enabled(DeviceType::CPU), compat::autocast_enabled(DeviceType::CUDA),
-          compat::autocast_dtype(DeviceType::CPU),   compat::autocast_dtype(DeviceType::CUDA),
-          compat::autocast_cache_enabled(),          nesting()};
-}
-const State kDefault{false, false, ScalarType::BFloat16, ScalarType::Half, true, 0};
+using amp_test::kDefault;
+using amp_test::nesting;
+using amp_test::snapshot;
+using amp_test::State;
 
 class RegionTest : public ::testing::Test {
  protected:
