@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Every public header compiles on its own (as Hana checks for each of its headers),
-# with -Wall -Wextra -Werror on amp's code.  header_test.sh FLAGS_FILE HEADER...
+# with -Wall -Wextra -Werror on amp's code.  header_test.sh [--std=c++20] FLAGS_FILE HEADER...
 set -u
+std=${AMP_CXX_STD:--std=c++17}
+case "${1:-}" in --std=*) std="-std=${1#--std=}"; shift ;; esac
 flags_file=$1; shift
 cxx=${CXX:-g++}
-std=${AMP_CXX_STD:--std=c++17}
 read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 check() {
