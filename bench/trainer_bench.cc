@@ -13,6 +13,7 @@
 // BM_StrictCasts: the precision sweep's model and step (MLP 256-1024-1024-16,
 // batch 256, AdamW, clipping) under bf16-mixed, with strict casts kThrow and
 // kOff, interleaved; counters on_ms, off_ms and on_over_off.
+// BM_StrictCastsSmallOps: the same on 40 tiny element-wise ops (the worst case).
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -189,6 +190,41 @@ void BM_StrictCasts(benchmark::State& state) {
   state.counters["on_over_off"] = t_on / t_off;
 }
 
+// The worst case for strict casts: many tiny ops, each of which the fallback
+// boxes once. 40 element-wise ops on 64 floats inside a bf16-mixed region,
+// kThrow vs kOff interleaved; counter ns_per_op is the added cost of one op.
+void BM_StrictCastsSmallOps(benchmark::State& state) {
+  using R = amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
+  const auto a = torch::randn({64});
+  constexpr int kOps = 40;
+  auto ops = [&] {
+    torch::Tensor t = a;
+    for (int i = 0; i < kOps / 4; ++i) t = torch::relu(t * 0.5 + a).sub(a);
+    benchmark::DoNotOptimize(t);
+  };
+  double t_on = 0, t_off = 0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    {
+      R region(amp::StrictCasts::kThrow);
+      ops();
+    }
+    auto t1 = Clock::now();
+    {
+      R region(amp::StrictCasts::kOff);
+      ops();
+    }
+    auto t2 = Clock::now();
+    t_on += std::chrono::duration<double>(t1 - t0).count();
+    t_off += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["on_us"] = 1e6 * t_on / n;
+  state.counters["off_us"] = 1e6 * t_off / n;
+  state.counters["on_over_off"] = t_on / t_off;
+  state.counters["ns_per_op"] = 1e9 * (t_on - t_off) / (n * kOps);
+}
+
 using Fp32 = amp::True<amp::fp32>;
 using Bf16Mixed = amp::Mixed<amp::bf16, amp::NoScaler>;
 
@@ -196,6 +232,7 @@ BENCHMARK_TEMPLATE(BM_TrainerVsHandLoop, Fp32)->Arg(512)->UseRealTime()->Unit(be
 BENCHMARK_TEMPLATE(BM_TrainerVsHandLoop, Bf16Mixed)->Arg(512)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(BM_StepperVsHandScaler)->Arg(512)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(BM_StrictCasts)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(5.0);
+BENCHMARK(BM_StrictCastsSmallOps)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
 BENCHMARK_TEMPLATE(BM_Mlp, Fp32)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(4);
 BENCHMARK_TEMPLATE(BM_Mlp, Bf16Mixed)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(4);
 

@@ -63,7 +63,7 @@ TEST_F(StrictCastsTest, ManualBf16AndHalfCastsThrowWithTheAmpMessage) {
   EXPECT_EQ(amp::current_strict_casts(), StrictCasts::kThrow);
 
   const std::string bf16 = error_of([&] { (void)x.to(torch::kBFloat16); });
-  EXPECT_EQ(bf16.rfind("amp: manual cast to BFloat16 (aten::_to_copy from Float, e.g. x.to(torch::kBFloat16)) inside a "
+  EXPECT_EQ(bf16.rfind("amp: manual cast to BFloat16 (aten::to.dtype from Float, e.g. x.to(torch::kBFloat16)) inside a "
                        "Mixed<bf16, ...> region on cpu is rejected by strict casts",
                        0),
             0u)
@@ -73,15 +73,35 @@ TEST_F(StrictCastsTest, ManualBf16AndHalfCastsThrowWithTheAmpMessage) {
   EXPECT_NE(bf16.find("cast outside the region"), std::string::npos) << bf16;
 
   const std::string half = error_of([&] { (void)x.to(torch::kHalf); });
-  EXPECT_EQ(half.rfind("amp: manual cast to Half (aten::_to_copy from Float, e.g. x.to(torch::kHalf))", 0), 0u) << half;
+  EXPECT_EQ(half.rfind("amp: manual cast to Half (aten::to.dtype from Float, e.g. x.to(torch::kHalf))", 0), 0u) << half;
 
-  // The other spellings that reach aten::_to_copy.
-  EXPECT_NE(error_of([&] { (void)x.to(x.options().dtype(torch::kBFloat16)); }), "");
-  EXPECT_NE(error_of([&] { (void)x.to(torch::kCPU, torch::kHalf); }), "");
+  // The other spellings, each named in the message.
+  EXPECT_NE(error_of([&] { (void)x.to(x.options().dtype(torch::kBFloat16)); }).find("aten::to.dtype_layout"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { (void)x.to(torch::kCPU, torch::kHalf); }).find("aten::to.device"), std::string::npos);
   const auto bf16_tensor = torch::zeros({1}, torch::kBFloat16);  // created, not cast: allowed
   EXPECT_EQ(bf16_tensor.scalar_type(), torch::kBFloat16);
-  EXPECT_NE(error_of([&] { (void)x.to(bf16_tensor); }), "");
-  EXPECT_NE(error_of([&] { (void)x.type_as(bf16_tensor); }), "");
+  EXPECT_NE(error_of([&] { (void)x.to(bf16_tensor); }).find("aten::to.other"), std::string::npos);
+  EXPECT_NE(error_of([&] { (void)x.type_as(bf16_tensor); }).find("aten::type_as"), std::string::npos);
+  EXPECT_NE(error_of([&] { (void)at::_to_copy(x, torch::kBFloat16); }).find("aten::_to_copy"), std::string::npos);
+  // Integer tensors are cast too (masks, labels): the rule is about the dtype.
+  EXPECT_NE(error_of([&] { (void)torch::ones({2}, torch::kLong).to(torch::kBFloat16); }), "");
+}
+
+// Casts that ATen makes inside an op the user called (type promotion in
+// TensorIterator, a composite's pieces) are not the user's.
+TEST_F(StrictCastsTest, CastsInsideOtherOpsAreNotFlagged) {
+  torch::nn::Linear linear(8, 3);
+  Bf16Region region(StrictCasts::kThrow);
+  const auto y = linear(x);  // bf16
+  torch::Tensor r;
+  ASSERT_NO_THROW(r = y * 2);                                   // Long scalar -> bf16 inside mul
+  EXPECT_EQ(r.scalar_type(), torch::kBFloat16);
+  ASSERT_NO_THROW(r = y + torch::ones({}, torch::kLong));       // 0-dim Long tensor promoted to bf16
+  EXPECT_EQ(r.scalar_type(), torch::kBFloat16);
+  ASSERT_NO_THROW(r = y.pow(2).mean());
+  ASSERT_NO_THROW(r = torch::where(y > 0, y, torch::zeros_like(y)));
+  ASSERT_NO_THROW(r = torch::nn::functional::gelu(y));
 }
 
 TEST_F(StrictCastsTest, AutocastsOwnCastsAreNeverFlagged) {
@@ -288,7 +308,7 @@ TEST(StrictCastsTrainer, AManualCastInTheForwardThrowsAndLeavesNoCheckBehind) {
   const std::string msg = error_of([&] {
     trainer.step([&](auto&) { return model(x.to(torch::kBFloat16)).to(torch::kFloat).pow(2).mean(); });
   });
-  EXPECT_EQ(msg.rfind("amp: manual cast to BFloat16", 0), 0u) << msg;
+  EXPECT_EQ(msg.rfind("amp: manual cast to BFloat16 (aten::to.dtype from Float", 0), 0u) << msg;
   EXPECT_TRUE(torch::equal(model->weight, before));
   EXPECT_FALSE(key_included());
   EXPECT_EQ(amp::current_strict_casts(), StrictCasts::kOff);
