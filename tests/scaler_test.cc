@@ -8,6 +8,8 @@
 // amp's extensions. The portable path against a scalar reference lives in
 // scaler_reference_test.cc.
 #include <gmock/gmock.h>
+
+#include "error_of.h"
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -29,18 +31,7 @@ using ::testing::StartsWith;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// The message of the c10::Error that f throws (without LibTorch's backtrace).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return std::string("<not a c10::Error> ") + e.what();
-  }
-  return "<no error>";
-}
+using amp_test::error_of;
 
 // One parameter whose gradient the test sets by hand: the smallest harness for
 // driving the scaler's state machine and update rule.

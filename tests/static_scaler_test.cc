@@ -1,5 +1,7 @@
 // tests/static_scaler_test.cc: StaticScaler, a fixed loss scale that still skips inf/NaN steps.
 #include <gmock/gmock.h>
+
+#include "error_of.h"
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -13,15 +15,7 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
+using amp_test::error_of;
 
 struct Harness {
   torch::Tensor param = torch::zeros({4}, torch::requires_grad());
