@@ -8,8 +8,6 @@
 // amp's extensions. The portable path against a scalar reference lives in
 // scaler_reference_test.cc.
 #include <gmock/gmock.h>
-
-#include "error_of.h"
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -22,6 +20,7 @@
 #include <vector>
 
 #include "amp/scaler/dynamic_scaler.h"
+#include "error_of.h"
 
 namespace {
 
