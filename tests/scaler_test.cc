@@ -751,6 +751,14 @@ struct ScalingCase {
     }
   }
 
+  // Iteration kSkipIter overflows: an inf in one gradient of `scaling`, as
+  // torch's tests inject it after backward.
+  void overflow_at_skip_iter(int i) {
+    if (i != kSkipIter) return;
+    torch::NoGradGuard no_grad;
+    scaling->parameters()[2].mutable_grad().fill_(kInf);
+  }
+
   void expect_same_params(double atol = 0.0) const {
     for (size_t i = 0; i < control->parameters().size(); ++i) {
       const torch::Tensor c = control->parameters()[i];
@@ -781,10 +789,7 @@ TEST(DynamicScalerRecipes, PlainLoopMatchesUnscaledTraining) {
     }
     opt_scaling.zero_grad();
     scaler.scale(torch::mse_loss(c.scaling->forward(c.data[i].first), c.data[i].second)).backward();
-    if (i == ScalingCase::kSkipIter) {
-      torch::NoGradGuard no_grad;
-      c.scaling->parameters()[2].mutable_grad().fill_(kInf);
-    }
+    c.overflow_at_skip_iter(i);
     scaler.step(opt_scaling);
     scaler.update();
   }
@@ -810,10 +815,7 @@ TEST(DynamicScalerRecipes, ClippingSeparateUnscale) {
     }
     opt_scaling.zero_grad();
     scaler.scale(torch::mse_loss(c.scaling->forward(c.data[i].first), c.data[i].second)).backward();
-    if (i == ScalingCase::kSkipIter) {
-      torch::NoGradGuard no_grad;
-      c.scaling->parameters()[2].mutable_grad().fill_(kInf);
-    }
+    c.overflow_at_skip_iter(i);
     scaler.unscale_(opt_scaling);
     const double norm = torch::nn::utils::clip_grad_norm_(c.scaling->parameters(), max_norm);
     if (i != ScalingCase::kSkipIter) {
@@ -845,10 +847,7 @@ TEST(DynamicScalerRecipes, ClippingScaledGradients) {
     opt_scaling.zero_grad();
     scaler.scale(torch::mse_loss(c.scaling->forward(c.data[i].first), c.data[i].second)).backward();
     torch::nn::utils::clip_grad_norm_(c.scaling->parameters(), max_norm * scaler.get_scale());
-    if (i == ScalingCase::kSkipIter) {
-      torch::NoGradGuard no_grad;
-      c.scaling->parameters()[2].mutable_grad().fill_(kInf);
-    }
+    c.overflow_at_skip_iter(i);
     scaler.step(opt_scaling);
     scaler.update();
   }
@@ -911,10 +910,7 @@ TEST(DynamicScalerRecipes, TwoOptimizersOneScaler) {
       const torch::Tensor out1 = c1.scaling->forward(input);
       scaler.scale(torch::mse_loss(0.3 * out0 + 0.7 * out1, target)).backward({}, /*retain_graph=*/true);
       scaler.scale(torch::mse_loss(0.6 * out0 - 0.4 * out1, target)).backward();
-      if (i == ScalingCase::kSkipIter) {
-        torch::NoGradGuard no_grad;
-        c1.scaling->parameters()[2].mutable_grad().fill_(kInf);
-      }
+      c1.overflow_at_skip_iter(i);
       scaler.unscale_(opt_scaling0);  // as torch's stress test: one explicit unscale_
       scaler.step(opt_scaling0);
       scaler.step(opt_scaling1);

@@ -358,6 +358,29 @@ struct PerOptimizerState {
   std::vector<std::pair<c10::Device, at::Tensor>> found_inf_per_device;
 };
 
+// Reads a number from a scaler state dict; Python writes floats and ints.
+inline double state_double(const StateDict& state, const char* key) {
+  TORCH_CHECK(state.contains(key), "amp: the scaler state dict has no key '", key, "'");
+  const c10::IValue value = state.at(key);
+  if (value.isInt()) {
+    return static_cast<double>(value.toInt());
+  }
+  TORCH_CHECK(value.isDouble(), "amp: the scaler state dict's '", key, "' must be a float, got ", value.tagKind());
+  return value.toDouble();
+}
+
+inline int64_t state_int(const StateDict& state, const char* key) {
+  TORCH_CHECK(state.contains(key), "amp: the scaler state dict has no key '", key, "'");
+  const c10::IValue value = state.at(key);
+  TORCH_CHECK(value.isInt(), "amp: the scaler state dict's '", key, "' must be an int, got ", value.tagKind());
+  return value.toInt();
+}
+
+inline StateDict empty_state_dict() {
+  return c10::impl::toTypedDict<std::string, c10::IValue>(
+      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+}
+
 // scale / unscale_ / step and their bookkeeping, exactly as torch.amp.GradScaler.
 // The scale-update rule is the derived class's.
 class LossScalerBase {
@@ -515,6 +538,18 @@ class LossScalerBase {
   // "To prepare for next iteration, clear the data collected from optimizers this iteration."
   void reset_optimizer_states() { states_.clear(); }
 
+  // load_state_dict's common part (call it only when enabled): torch's error
+  // for an empty dict, with the scaler's class name, then the "scale" entry,
+  // which fills the scale if it exists, else becomes its lazy initial value.
+  void load_scale(const StateDict& state, const char* class_name) {
+    TORCH_CHECK(state.size() != 0, "The source state dict is empty, possibly because it was saved from a disabled "
+                "instance of ", class_name, ".");
+    init_scale_ = state_double(state, "scale");
+    if (scale_.defined()) {
+      scale_.fill_(init_scale_);
+    }
+  }
+
   bool enabled_;
   double init_scale_;  // torch's _init_scale: the lazy scale's value, set by load_state_dict
   at::Tensor scale_;   // fp32, 0-dim; undefined until the first scale()
@@ -594,29 +629,6 @@ class LossScalerBase {
   std::map<const torch::optim::Optimizer*, PerOptimizerState> states_;
   at::Tensor last_found_inf_;
 };
-
-// Reads a number from a scaler state dict; Python writes floats and ints.
-inline double state_double(const StateDict& state, const char* key) {
-  TORCH_CHECK(state.contains(key), "amp: the scaler state dict has no key '", key, "'");
-  const c10::IValue value = state.at(key);
-  if (value.isInt()) {
-    return static_cast<double>(value.toInt());
-  }
-  TORCH_CHECK(value.isDouble(), "amp: the scaler state dict's '", key, "' must be a float, got ", value.tagKind());
-  return value.toDouble();
-}
-
-inline int64_t state_int(const StateDict& state, const char* key) {
-  TORCH_CHECK(state.contains(key), "amp: the scaler state dict has no key '", key, "'");
-  const c10::IValue value = state.at(key);
-  TORCH_CHECK(value.isInt(), "amp: the scaler state dict's '", key, "' must be an int, got ", value.tagKind());
-  return value.toInt();
-}
-
-inline StateDict empty_state_dict() {
-  return c10::impl::toTypedDict<std::string, c10::IValue>(
-      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
-}
 
 }  // namespace detail
 
@@ -753,13 +765,7 @@ class DynamicScaler : public detail::LossScalerBase {
     if (!enabled_) {
       return;
     }
-    TORCH_CHECK(state.size() != 0,
-                "The source state dict is empty, possibly because it was saved from a disabled instance of "
-                "GradScaler.");
-    init_scale_ = detail::state_double(state, "scale");
-    if (scale_.defined()) {
-      scale_.fill_(init_scale_);
-    }
+    load_scale(state, "GradScaler");
     options_.growth_factor(detail::state_double(state, "growth_factor"));
     options_.backoff_factor(detail::state_double(state, "backoff_factor"));
     options_.growth_interval(detail::state_int(state, "growth_interval"));

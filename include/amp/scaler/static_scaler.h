@@ -60,13 +60,7 @@ class StaticScaler : public detail::LossScalerBase {
     if (!enabled_) {
       return;
     }
-    TORCH_CHECK(state.size() != 0,
-                "The source state dict is empty, possibly because it was saved from a disabled instance of "
-                "StaticScaler.");
-    init_scale_ = detail::state_double(state, "scale");
-    if (scale_.defined()) {
-      scale_.fill_(init_scale_);
-    }
+    load_scale(state, "StaticScaler");
   }
 };
 
