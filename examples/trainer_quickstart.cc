@@ -3,6 +3,7 @@
 
 #include <amp/amp.h>
 
+#include <filesystem>
 #include <iostream>
 
 int main() {
@@ -16,8 +17,11 @@ int main() {
   double loss = 0;
   for (int step = 0; step < 200; ++step)
     loss = trainer.step([&](auto& /*region*/) { return torch::mse_loss(model->forward(x), y); }).loss_value();
-  trainer.save("quickstart.pt");
+  // A temporary path, so that running the example leaves nothing behind.
+  const auto path = (std::filesystem::temp_directory_path() / "amp_quickstart.pt").string();
+  trainer.save(path);
+  std::filesystem::remove(path);
 
-  std::cout << "bf16-mixed: final loss " << loss << ", checkpoint quickstart.pt\n";
+  std::cout << "bf16-mixed: final loss " << loss << " (checkpoint written and removed: " << path << ")\n";
   return loss < 0.05 ? 0 : 1;
 }

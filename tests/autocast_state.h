@@ -7,7 +7,7 @@
 
 #include <ostream>
 
-#include "amp/detail/compat.h"
+#include "amp/detail/compat_ops.h"
 
 namespace amp_test {
 

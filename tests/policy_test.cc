@@ -10,18 +10,15 @@
 #include <vector>
 
 #include "amp/experiment.h"
+#include "amp/scaler/dynamic_scaler.h"
+#include "amp/scaler/no_scaler.h"
+#include "amp/scaler/static_scaler.h"
 #include "amp/testing.h"
 
 namespace hana = boost::hana;
 
 namespace {
 
-template <class S>
-std::string scaler_name() {
-  if constexpr (std::is_same_v<S, amp::NoScaler>) return "NoScaler";
-  if constexpr (std::is_same_v<S, amp::StaticScaler>) return "StaticScaler";
-  if constexpr (std::is_same_v<S, amp::DynamicScaler>) return "DynamicScaler";
-}
 
 constexpr auto kDtypes = hana::tuple_t<amp::fp16, amp::bf16, amp::fp32, amp::fp64, amp::tf32>;
 constexpr auto kScalers = hana::tuple_t<amp::NoScaler, amp::StaticScaler, amp::DynamicScaler>;
@@ -56,7 +53,7 @@ TEST(PolicyTable, EveryCombinationMatchesTheRules) {
     hana::for_each(kScalers, [&](auto s) {
       using S = typename decltype(s)::type;
       using P = amp::Mixed<D, S>;
-      actual["Mixed<" + dn + ", " + scaler_name<S>() + ">"] = {amp::is_valid_policy_v<P>, amp::is_supported_v<P, amp::CPU>,
+      actual["Mixed<" + dn + ", " + std::string(amp::detail::builtin_scaler<S>::name) + ">"] = {amp::is_valid_policy_v<P>, amp::is_supported_v<P, amp::CPU>,
                                                                amp::is_supported_v<P, amp::CUDA>};
     });
     using T = amp::True<D>;
@@ -86,9 +83,21 @@ static_assert(!amp::is_scaler_v<int> && !amp::is_scaler_v<amp::fp16>);
 static_assert(amp::uses_loss_scaling_v<amp::DynamicScaler> && amp::uses_loss_scaling_v<amp::StaticScaler>);
 static_assert(!amp::uses_loss_scaling_v<amp::NoScaler>);
 
-// A user-defined scaler with the whole interface is accepted.
-struct MyScaler : amp::NoScaler {};
+// A user-defined scaler with the whole interface and a name is accepted, and
+// its policy is named after it; without a name it is rejected.
+struct MyScaler : amp::NoScaler {
+  static constexpr const char* kName = "mine";
+};
 static_assert(amp::is_scaler_v<MyScaler> && amp::is_valid_policy_v<amp::Mixed<amp::bf16, MyScaler>>);
+struct UnnamedScaler : amp::NoScaler {};
+static_assert(amp::is_scaler_v<UnnamedScaler> && !amp::is_valid_policy_v<amp::Mixed<amp::bf16, UnnamedScaler>>);
+
+TEST(PolicyName, UserScalerPolicyIsNamedAfterTheScaler) {
+  using Mine = amp::Mixed<amp::bf16, MyScaler>;
+  using Unnamed = amp::Mixed<amp::bf16, UnnamedScaler>;
+  EXPECT_STREQ(amp::policy_traits<Mine>::name, "bf16-mixed-mine");
+  EXPECT_EQ(amp::policy_traits<Unnamed>::name, nullptr);
+}
 
 TEST(DtypeTraits, ScalarTypesNamesAndBits) {
   EXPECT_EQ(amp::scalar_type_v<amp::fp16>, c10::ScalarType::Half);
@@ -162,13 +171,12 @@ class EverySupportedPolicy : public ::testing::Test {};
 TYPED_TEST_SUITE(EverySupportedPolicy, amp::testing::PolicyTypes<decltype(amp::supported_policies<amp::CPU>)>,
                  amp::testing::PolicyNames);
 
-TYPED_TEST(EverySupportedPolicy, IsValidSupportedAndNamedAsGtestSays) {
+TYPED_TEST(EverySupportedPolicy, ItsNameDispatchesBackToIt) {
   using P = TypeParam;
-  static_assert(amp::is_valid_policy_v<P> && amp::is_supported_v<P, amp::CPU>);
-  std::string name = amp::policy_traits<P>::name;
-  std::replace(name.begin(), name.end(), '-', '_');
-  EXPECT_EQ(::testing::UnitTest::GetInstance()->current_test_info()->type_param(), std::string(::testing::internal::GetTypeName<P>()));
-  EXPECT_NE(std::string(::testing::UnitTest::GetInstance()->current_test_suite()->name()).find(name), std::string::npos);
+  const bool same = amp::dispatch_precision<amp::CPU>(amp::policy_traits<P>::name, [](auto p) {
+    return std::is_same_v<typename decltype(p)::type, P>;
+  });
+  EXPECT_TRUE(same) << amp::policy_traits<P>::name;
 }
 
 TEST(DispatchPrecision, EveryStringReachesItsPolicy) {

@@ -395,3 +395,60 @@ TEST_F(RegionTest, Fp16CudaOpsRunInFp16) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// True<tf32> on CUDA: TF32 math while the region lives (flags readable and
+// settable without a GPU; they are process-wide).
+// ---------------------------------------------------------------------------
+namespace tf32_test {
+struct Flags {
+  bool cublas, cudnn;
+  at::Float32MatmulPrecision precision;
+  bool operator==(const Flags& o) const {
+    return cublas == o.cublas && cudnn == o.cudnn && precision == o.precision;
+  }
+};
+Flags read_flags() {
+  auto& ctx = at::globalContext();
+  return {ctx.allowTF32CuBLAS(), ctx.allowTF32CuDNN(), ctx.float32MatmulPrecision()};
+}
+}  // namespace tf32_test
+
+TEST(Tf32Region, TurnsTf32OnAndRestoresExactlyWhatItFound) {
+  using tf32_test::read_flags;
+  auto& ctx = at::globalContext();
+  const auto original = read_flags();
+  // Every starting state, "medium" matmul precision included, comes back as it was.
+  for (auto precision : {at::Float32MatmulPrecision::HIGHEST, at::Float32MatmulPrecision::HIGH,
+                         at::Float32MatmulPrecision::MEDIUM}) {
+    for (bool cudnn : {false, true}) {
+      ctx.setFloat32MatmulPrecision(amp::detail::compat::float32_matmul_precision_name(precision));
+      ctx.setAllowTF32CuDNN(cudnn);
+      const auto before = read_flags();
+      {
+        amp::Region<amp::True<amp::tf32>, amp::CUDA> region;
+        EXPECT_TRUE(ctx.allowTF32CuBLAS());
+        EXPECT_TRUE(ctx.allowTF32CuDNN());
+        {
+          amp::AllowTF32 nested;  // nesting restores in reverse order
+          EXPECT_TRUE(ctx.allowTF32CuBLAS());
+        }
+        EXPECT_TRUE(ctx.allowTF32CuBLAS());
+        EXPECT_TRUE(ctx.allowTF32CuDNN());
+      }
+      EXPECT_TRUE(read_flags() == before);
+    }
+  }
+  ctx.setFloat32MatmulPrecision(amp::detail::compat::float32_matmul_precision_name(original.precision));
+  ctx.setAllowTF32CuDNN(original.cudnn);
+}
+
+TEST(Tf32Region, Fp32RegionLeavesTf32Alone) {
+  auto& ctx = at::globalContext();
+  const bool cublas = ctx.allowTF32CuBLAS();
+  {
+    amp::Region<amp::True<amp::fp32>, amp::CUDA> region;
+    EXPECT_EQ(ctx.allowTF32CuBLAS(), cublas);
+  }
+  EXPECT_EQ(ctx.allowTF32CuBLAS(), cublas);
+}

@@ -12,6 +12,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <set>
@@ -19,7 +21,10 @@
 #include <utility>
 #include <vector>
 
+#include "amp/detail/compat.h"
 #include "amp/scaler/dynamic_scaler.h"
+#include "amp/scaler/no_scaler.h"
+#include "amp/scaler/static_scaler.h"
 #include "error_of.h"
 
 namespace {
@@ -202,7 +207,7 @@ AdamSnapshot snapshot(torch::optim::Adam& optimizer, const std::vector<torch::Te
   AdamSnapshot s;
   for (const auto& p : params) {
     auto& state = static_cast<torch::optim::AdamParamState&>(
-        *optimizer.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+        *optimizer.state().at(amp::detail::compat::optim_state_key(p.unsafeGetTensorImpl())));
     s.steps.push_back(state.step());
     s.exp_avg.push_back(state.exp_avg().clone());
     s.exp_avg_sq.push_back(state.exp_avg_sq().clone());
@@ -479,6 +484,54 @@ TEST(DynamicScaler, FoundInfIsATensorThatLivesUntilTheNextIteration) {
 }
 
 // --- state_dict ------------------------------------------------------------------
+
+#ifndef AMP_TEST_DATA_DIR
+#define AMP_TEST_DATA_DIR "tests/data"
+#endif
+
+// What torch::pickle_load gives for a Python torch.save(scaler.state_dict())
+// file: a Dict<Any, Any>.
+c10::impl::GenericDict python_state(const std::string& file) {
+  std::ifstream in(std::string(AMP_TEST_DATA_DIR) + "/" + file, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "missing test data " << file;
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return torch::pickle_load(bytes).toGenericDict();
+}
+
+// python_grad_scaler_stdlib.pt: written by tests/python/write_python_scaler_state.py
+// in torch.save's layout. python_grad_scaler_torch_2_11.pt: written by torch
+// 2.11's own torch.save (tests/gpu/parity_twin.py). Both hold a
+// GradScaler(init_scale=1024, growth_factor=3, growth_interval=7) after one overflow.
+TEST(DynamicScaler, LoadsAStateDictWrittenByPython) {
+  for (const char* file : {"python_grad_scaler_stdlib.pt", "python_grad_scaler_torch_2_11.pt"}) {
+    SCOPED_TRACE(file);
+    std::ifstream probe(std::string(AMP_TEST_DATA_DIR) + "/" + file);
+    if (!probe.good()) continue;  // the torch-written file exists only once a GPU machine made it
+    const c10::impl::GenericDict state = python_state(file);
+    amp::GradScaler scaler;
+    scaler.load_state_dict(state);
+    EXPECT_EQ(scaler.get_scale(), 512.0);
+    EXPECT_EQ(scaler.get_growth_factor(), 3.0);
+    EXPECT_EQ(scaler.get_backoff_factor(), 0.5);
+    EXPECT_EQ(scaler.get_growth_interval(), 7);
+    EXPECT_EQ(scaler.get_growth_tracker(), 0);
+    amp::StaticScaler fixed;
+    fixed.load_state_dict(state);
+    EXPECT_EQ(fixed.get_scale(), 512.0);
+    amp::NoScaler none;
+    none.load_state_dict(state);
+  }
+}
+
+TEST(DynamicScaler, PythonStateDictErrorsAreTheSame) {
+  c10::impl::GenericDict state = python_state("python_grad_scaler_stdlib.pt");
+  (void)state.erase("growth_interval");
+  amp::GradScaler scaler;
+  EXPECT_EQ(error_of([&] { scaler.load_state_dict(state); }), "amp: the scaler state dict has no key 'growth_interval'");
+  c10::impl::GenericDict bad(c10::AnyType::get(), c10::AnyType::get());
+  bad.insert(int64_t{1}, 2.0);
+  EXPECT_THAT(error_of([&] { scaler.load_state_dict(bad); }), ::testing::HasSubstr("amp: a scaler state dict's keys are strings"));
+}
 
 std::set<std::string> keys_of(const amp::StateDict& state) {
   std::set<std::string> keys;

@@ -7,6 +7,7 @@
 
 #include <limits>
 
+#include "amp/detail/compat.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/scaler/no_scaler.h"
 #include "amp/step.h"
@@ -40,7 +41,7 @@ bool bitwise_equal(const std::vector<torch::Tensor>& a, const std::vector<torch:
 std::vector<torch::Tensor> adam_state(torch::optim::Adam& opt) {
   std::vector<torch::Tensor> out;
   for (auto& p : opt.param_groups()[0].params()) {
-    auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    auto it = opt.state().find(amp::detail::compat::optim_state_key(p.unsafeGetTensorImpl()));
     if (it == opt.state().end()) continue;
     auto& s = static_cast<torch::optim::AdamParamState&>(*it->second);
     out.push_back(s.exp_avg().clone());
@@ -110,7 +111,7 @@ TEST(StepperDynamic, ClipsTheUnscaledGradients) {
   Fixture a(4), b(4);
   const double max_norm = 0.05;
   torch::optim::SGD opt_a(a.net->parameters(), torch::optim::SGDOptions(1.0));
-  amp::Stepper<amp::DynamicScaler> stepper(opt_a, amp::TrainerOptions().max_grad_norm(max_norm));
+  amp::Stepper<amp::DynamicScaler> stepper(opt_a, amp::StepperOptions().max_grad_norm(max_norm));
   const auto before = snapshot(a.net->parameters());
   stepper.step(a.loss());
   // Reference: fp32 gradients clipped by hand to the true norm.
@@ -134,7 +135,7 @@ TEST(StepperDynamic, AccumulationEqualsOneBigBatch) {
   Fixture a(5), b(5);
   torch::optim::SGD opt_a(a.net->parameters(), torch::optim::SGDOptions(0.1));
   torch::optim::SGD opt_b(b.net->parameters(), torch::optim::SGDOptions(0.1));
-  amp::Stepper<amp::DynamicScaler> micro(opt_a, amp::TrainerOptions().accumulation_steps(4));
+  amp::Stepper<amp::DynamicScaler> micro(opt_a, amp::StepperOptions().accumulation_steps(4));
   amp::Stepper<amp::DynamicScaler> big(opt_b);
   for (int s = 0; s < 3; ++s) {
     for (int m = 0; m < 4; ++m) {

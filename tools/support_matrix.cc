@@ -11,17 +11,11 @@ template <class D>
 std::string dtype_name() {
   return amp::dtype_traits<D>::name;
 }
-template <class S>
-std::string scaler_name() {
-  if constexpr (std::is_same_v<S, amp::NoScaler>) return "NoScaler";
-  if constexpr (std::is_same_v<S, amp::StaticScaler>) return "StaticScaler";
-  if constexpr (std::is_same_v<S, amp::DynamicScaler>) return "DynamicScaler";
-}
 template <class P>
 std::string type_name() {
   using T = amp::policy_traits<P>;
   if constexpr (amp::is_mixed_v<P>)
-    return "`Mixed<" + dtype_name<typename T::compute_type>() + ", " + scaler_name<typename T::scaler_type>() + ">`";
+    return "`Mixed<" + dtype_name<typename T::compute_type>() + ", " + std::string(amp::detail::builtin_scaler<typename T::scaler_type>::name) + ">`";
   else
     return "`True<" + dtype_name<typename T::compute_type>() + ">`";
 }
@@ -39,7 +33,7 @@ int main() {
                                 : T::uses_autocast ? dtype_name<typename T::compute_type>() + " (autocast)"
                                                    : dtype_name<typename T::compute_type>();
     std::cout << "| " << type_name<P>() << " | `" << T::name << "` | " << params << " | " << compute << " | "
-              << scaler_name<typename T::scaler_type>() << " | " << (amp::is_supported_v<P, amp::CPU> ? "yes" : "no")
+              << std::string(amp::detail::builtin_scaler<typename T::scaler_type>::name) << " | " << (amp::is_supported_v<P, amp::CPU> ? "yes" : "no")
               << " | " << (amp::is_supported_v<P, amp::CUDA> ? "yes" : "no") << " |\n";
   });
   std::cout << "\n(computed for LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor << ")\n";

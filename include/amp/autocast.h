@@ -33,7 +33,7 @@
 
 #include <optional>
 
-#include "amp/detail/compat.h"
+#include "amp/detail/compat_ops.h"
 #include "amp/device.h"
 #include "amp/dtype.h"
 #include "amp/traits.h"

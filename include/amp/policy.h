@@ -11,12 +11,12 @@
 // Which combinations are valid is decided in traits.h.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <type_traits>
 
 #include "amp/dtype.h"
-#include "amp/scaler/dynamic_scaler.h"
-#include "amp/scaler/no_scaler.h"
-#include "amp/scaler/static_scaler.h"
+#include "amp/scaler/scaler_traits.h"  // forward declarations only: no ATen here
 
 namespace amp {
 
@@ -53,11 +53,46 @@ template <class D>
 inline constexpr bool is_true_v<True<D>> = true;
 
 namespace detail {
+constexpr std::size_t length_of(const char* s) {
+  std::size_t n = 0;
+  while (s[n] != '\0') ++n;
+  return n;
+}
+// Lightning's prefix of a Mixed compute dtype: "16" (fp16), "bf16".
+template <class C>
+inline constexpr const char* mixed_prefix = std::is_same_v<C, fp16> ? "16" : (std::is_same_v<C, bf16> ? "bf16" : "");
+
+// "<prefix>-mixed-<S::kName>": the name of Mixed<C, S> for a user-defined scaler S.
+template <class C, class S>
+struct user_scaler_policy_name {
+  static constexpr auto make() {
+    constexpr const char* parts[] = {mixed_prefix<C>, "-mixed-", S::kName};
+    std::array<char, length_of(mixed_prefix<C>) + length_of("-mixed-") + length_of(S::kName) + 1> out{};
+    std::size_t i = 0;
+    for (const char* part : parts)
+      for (std::size_t j = 0; part[j] != '\0'; ++j) out[i++] = part[j];
+    return out;
+  }
+  static constexpr auto storage = make();
+  static constexpr const char* value = storage.data();
+};
+
 // Lightning's precision strings; amp's own extensions for the policies
-// Lightning has no name for ("16-mixed-static", "tf32-true").
+// Lightning has no name for ("16-mixed-static", "tf32-true"); a user-defined
+// scaler's policy is named from its kName (null without one: traits.h rejects it).
 template <class P>
 struct policy_name {
   static constexpr const char* value = nullptr;
+};
+template <class C, class S>
+struct policy_name<Mixed<C, S>> {
+  static constexpr const char* value = [] {
+    if constexpr (has_scaler_name<S>::value) {
+      return user_scaler_policy_name<C, S>::value;
+    } else {
+      return static_cast<const char*>(nullptr);
+    }
+  }();
 };
 template <>
 struct policy_name<Mixed<fp16, DynamicScaler>> {

@@ -7,8 +7,9 @@
 //
 // A Mixed<C, S> region holds an Autocast<C, Device> for its lifetime (LibTorch
 // picks each op's dtype: eligible ops in C, sensitive ops in fp32). A True<D>
-// region is inert: the model itself is in D (Trainer converts it), autocast is
-// not touched. Regions are non-copyable and non-movable (they restore the
+// region leaves autocast alone: the model itself is in D (Trainer converts
+// it); True<tf32> on CUDA holds an AllowTF32 (amp/tf32.h), TF32 math for
+// cuBLAS and cuDNN while it lives; those flags are process-wide. Regions are non-copyable and non-movable (they restore the
 // thread's autocast state on destruction), so a Trainer hands `Region&` to the
 // user's forward.
 //
@@ -42,6 +43,7 @@
 #include "amp/dtype.h"
 #include "amp/policy.h"
 #include "amp/strict_casts.h"
+#include "amp/tf32.h"
 #include "amp/traits.h"
 
 namespace amp {
@@ -228,7 +230,11 @@ class Region {
   using strict_type =
       std::conditional_t<uses_autocast && is_supported_v<Policy, Device>, detail::StrictCastsGuard, InertStrict>;
 
+  using tf32_type =
+      std::conditional_t<std::is_same_v<Policy, True<tf32>> && std::is_same_v<Device, CUDA>, AllowTF32, Inert>;
+
   [[maybe_unused]] guard_type guard_;
+  [[maybe_unused]] tf32_type tf32_;
   StrictCasts strict_mode_;
   // After guard_: checking starts once autocast is on and stops before it is off.
   [[maybe_unused]] strict_type strict_;

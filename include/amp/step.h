@@ -1,6 +1,6 @@
 // amp/step.h: one optimizer step of a mixed-precision loop, as a component.
 //
-//   amp::Stepper<amp::DynamicScaler> stepper(optimizer, amp::TrainerOptions().max_grad_norm(1.0));
+//   amp::Stepper<amp::DynamicScaler> stepper(optimizer, amp::StepperOptions().max_grad_norm(1.0));
 //   auto r = stepper.step(loss);     // scaled backward; at the boundary: unscale, clip, step/skip, update
 //   if (r.boundary && r.skipped()) { /* inf/NaN gradients: optimizer step skipped, scale backed off */ }
 //
@@ -22,31 +22,25 @@
 #include <vector>
 
 #include "amp/scaler/scaler_traits.h"
-#include "amp/strict_casts.h"
 
 namespace amp {
 
-struct TrainerOptions {
+// The Stepper's options (TrainerOptions spells them too).
+struct StepperOptions {
   // Clip the gradients' total norm to this value after unscaling (0 = off),
   // as torch's recipe: scaler.unscale_(opt); clip_grad_norm_(...); scaler.step(opt).
   TORCH_ARG(double, max_grad_norm) = 0.0;
   TORCH_ARG(double, norm_type) = 2.0;
   // Micro-batches per optimizer step; each micro-batch's loss is divided by it.
   TORCH_ARG(int64_t, accumulation_steps) = 1;
-  // A progress bar (a TTY) or periodic lines (otherwise) during fit().
-  TORCH_ARG(bool, progress) = true;
-  // What a raw x.to(torch::kHalf / kBFloat16) in the forward of a Mixed policy
-  // does (amp/strict_casts.h): kThrow, kWarn or kOff. Used by Trainer's region.
-  TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
 };
 
 namespace detail {
-inline void validate(const TrainerOptions& o) {
-  TORCH_CHECK(o.max_grad_norm() >= 0.0, "amp: TrainerOptions::max_grad_norm must be >= 0 (0 turns clipping off), got ",
+inline void validate(const StepperOptions& o) {
+  TORCH_CHECK(o.max_grad_norm() >= 0.0, "amp: max_grad_norm must be >= 0 (0 turns clipping off), got ",
               o.max_grad_norm());
-  TORCH_CHECK(o.norm_type() > 0.0, "amp: TrainerOptions::norm_type must be > 0 (2 for the L2 norm), got ", o.norm_type());
-  TORCH_CHECK(o.accumulation_steps() >= 1, "amp: TrainerOptions::accumulation_steps must be >= 1, got ",
-              o.accumulation_steps());
+  TORCH_CHECK(o.norm_type() > 0.0, "amp: norm_type must be > 0 (2 for the L2 norm), got ", o.norm_type());
+  TORCH_CHECK(o.accumulation_steps() >= 1, "amp: accumulation_steps must be >= 1, got ", o.accumulation_steps());
 }
 
 template <class S, class = void>
@@ -75,7 +69,7 @@ class Stepper {
  public:
   using scaler_type = Scaler;
 
-  explicit Stepper(torch::optim::Optimizer& optimizer, TrainerOptions options = {}, Scaler scaler = Scaler())
+  explicit Stepper(torch::optim::Optimizer& optimizer, StepperOptions options = {}, Scaler scaler = Scaler())
       : optimizer_(&optimizer), options_(std::move(options)), scaler_(std::move(scaler)) {
     detail::validate(options_);
   }
@@ -108,7 +102,7 @@ class Stepper {
   StepResult finish_step(at::Tensor loss) {
     if (options_.max_grad_norm() > 0.0) {
       scaler_.unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
-      torch::nn::utils::clip_grad_norm_(gradients(), options_.max_grad_norm(), options_.norm_type());
+      clip();
     }
     scaler_.step(*optimizer_);
     at::Tensor found_inf;
@@ -118,11 +112,37 @@ class Stepper {
     return StepResult{std::move(loss), std::move(found_inf), true};
   }
 
+  // One step of a closure-based optimizer (LBFGS), which re-evaluates the
+  // loss inside optimizer.step(closure): `forward()` returns the loss; the
+  // closure zeroes the gradients, runs backward and clips. No loss scaling
+  // can run inside the optimizer (Trainer rejects that combination), and
+  // there is no accumulation.
+  template <class Forward>
+  StepResult closure_step(Forward&& forward) {
+    static_assert(!uses_loss_scaling_v<Scaler>,
+                  "amp: a closure-based optimizer (LBFGS) cannot be used with a loss-scaling scaler; use "
+                  "amp::NoScaler (policies amp::Mixed<amp::bf16, amp::NoScaler> or amp::True<...>)");
+    TORCH_CHECK(options_.accumulation_steps() == 1,
+                "amp: gradient accumulation does not apply to a closure-based optimizer (LBFGS); set "
+                "accumulation_steps(1)");
+    at::Tensor last;
+    optimizer_->step([&] {
+      optimizer_->zero_grad();
+      at::Tensor loss = forward();
+      loss.backward();
+      if (options_.max_grad_norm() > 0.0) clip();
+      last = loss.detach();
+      return loss;
+    });
+    ++steps_;
+    return StepResult{last, at::Tensor(), true};
+  }
+
   Scaler& scaler() { return scaler_; }
   const Scaler& scaler() const { return scaler_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const torch::optim::Optimizer& optimizer() const { return *optimizer_; }
-  const TrainerOptions& options() const { return options_; }
+  const StepperOptions& options() const { return options_; }
   // Optimizer steps taken (skipped ones included), and micro-batches into the current one.
   int64_t steps() const { return steps_; }
   int64_t micro_step() const { return micro_; }
@@ -138,8 +158,10 @@ class Stepper {
   }
 
  private:
+  void clip() { torch::nn::utils::clip_grad_norm_(gradients(), options_.max_grad_norm(), options_.norm_type()); }
+
   torch::optim::Optimizer* optimizer_;
-  TrainerOptions options_;
+  StepperOptions options_;
   Scaler scaler_;
   int64_t micro_ = 0;
   int64_t steps_ = 0;

@@ -6,53 +6,17 @@
 //   auto y = model->forward(x);          // fine: autocast's own casts are never flagged
 //   auto h = x.to(torch::kBFloat16);     // throws c10::Error "amp: manual cast to BFloat16 ..."
 //
-// Why: inside a Mixed<C, S> region autocast picks each op's dtype (eligible
-// ops in C, sensitive ones in fp32). A hand-written cast to a 16-bit dtype
-// there fights it: it narrows inputs that autocast would have kept in fp32
-// (losses, norms, softmax), or mixes fp16 and bf16 in one forward.
-// region.cast<fp16>(t) is rejected at compile time (region.h); this catches
-// the raw ATen spellings at run time.
+// Why: a hand-written 16-bit cast inside a Mixed region fights autocast (it
+// narrows what autocast keeps in fp32, or mixes fp16 and bf16). While a strict
+// region lives, a boxed fallback on a TLS-included dispatch key
+// (TESTING_ONLY_GenericMode) sees only the ops the user's code calls itself
+// and checks its casts to fp16/bf16; autocast's casts, full_precision islands
+// and backward() pass. Modes: kThrow (c10::Error), kWarn (once per dtype
+// pair), kOff. README "Strict casts" tells the mechanism and its limits.
 //
-// Mechanism. While a strict region is alive on a thread, amp adds one
-// dispatch key to that thread's TLS "included" set and registers a boxed
-// fallback for it on every operator. The fallback sees only the operators the
-// user's code calls itself: it excludes the key while the operator runs, so
-// what that operator calls in turn (autocast's casts, TensorIterator's
-// type-promotion casts such as the Long scalar of `bf16_out * 2`, a
-// composite's pieces) never reaches it. Of those top-level calls it checks
-// the casts (aten::to, aten::_to_copy, aten::type_as) to fp16/bf16 of a tensor
-// on the region's device. Autocast's own casts run with its Autocast{CPU,CUDA}
-// key excluded, and so does code inside full_precision (autocast is off
-// there): both pass. A cast made by the autograd engine during a backward()
-// inside the region (ToCopyBackward0 casting a gradient back to bf16) is not
-// the user's either, and passes too.
-//
-// The issue that asked for this suggested an at::RecordFunction callback. It
-// sees the casts, but LibTorch runs such callbacks inside try/catch and only
-// logs what they throw ("Exception in RecordFunction callback", measured on
-// 1.13), so it cannot stop a cast; a dispatcher kernel can.
-//
-// The key is c10::DispatchKey::TESTING_ONLY_GenericMode, the one functionality
-// key LibTorch leaves to a TLS-toggled mode that no LibTorch component uses
-// outside PyTorch's own dispatcher tests. amp registers on it lazily, the first
-// time a strict region is entered, and refuses (with an amp: error) to share
-// it with another fallback.
-//
-// Modes: kThrow raises a c10::Error; kWarn issues TORCH_WARN once per
-// (target dtype, region compute dtype) in the process and lets the cast run;
-// kOff does nothing (no key is included, no op is boxed). The default is
-// kDefaultStrictCasts: kThrow in builds without NDEBUG, kWarn with NDEBUG.
-// The cost is one boxed call per op the user's code makes itself
-// (bench/trainer_bench.cc: the sweep's bf16-mixed step with kThrow vs kOff
-// 1.004x; worst case, 40 element-wise ops on 64 floats, +83 ns per op, 1.12x),
-// so release builds keep watching; they warn instead of throwing so that a
-// long run is not killed by a cast that only costs accuracy.
-//
-// Scope: only the thread that created the region, only tensors on the
-// region's device type, only targets fp16/bf16 (casts to fp32/fp64 are always
-// fine), and not inside region.full_precision (autocast is off there: the
-// island is the user's). Casts by copy_ into a 16-bit buffer are not casts to
-// the dispatcher and are not seen.
+// The default, kDefaultStrictCasts, is one build-wide setting:
+// AMP_STRICT_CASTS_DEFAULT (kThrow, kWarn or kOff; kThrow when unset), which
+// the amp::amp CMake target and the Bazel //:amp library define for every TU.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -71,7 +35,8 @@
 #include <string>
 #include <utility>
 
-#include "amp/detail/compat.h"
+#include "amp/detail/compat_ops.h"
+#include "amp/dtype.h"
 
 namespace amp {
 
@@ -82,13 +47,12 @@ enum class StrictCasts : std::uint8_t {
   kThrow,  // c10::Error with an `amp:` message, the cast does not run
 };
 
-// kThrow while developing (no NDEBUG), kWarn in release builds (NDEBUG).
-// Not `inline`: each translation unit gets the value of its own NDEBUG, as assert() does.
-#ifdef NDEBUG
-constexpr StrictCasts kDefaultStrictCasts = StrictCasts::kWarn;
-#else
-constexpr StrictCasts kDefaultStrictCasts = StrictCasts::kThrow;
+// Build-wide, not per TU (unlike NDEBUG): every TU of a program must see the
+// same value, since it is a default inside TrainerOptions and Region.
+#ifndef AMP_STRICT_CASTS_DEFAULT
+#define AMP_STRICT_CASTS_DEFAULT kThrow
 #endif
+inline constexpr StrictCasts kDefaultStrictCasts = StrictCasts::AMP_STRICT_CASTS_DEFAULT;
 
 inline const char* to_string(StrictCasts mode) {
   switch (mode) {
@@ -135,23 +99,15 @@ inline void reset_strict_casts_warnings() {
   w.seen.clear();
 }
 
-inline const char* short_dtype_name(c10::ScalarType t) {
-  return t == c10::ScalarType::Half ? "fp16" : t == c10::ScalarType::BFloat16 ? "bf16" : c10::toString(t);
-}
-
 inline std::string strict_casts_message(const std::string& op, c10::ScalarType from, c10::ScalarType to,
                                         const StrictCastsState& s, const char* verdict) {
   const char* torch_name = to == c10::ScalarType::Half ? "torch::kHalf" : "torch::kBFloat16";
   return "amp: manual cast to " + std::string(c10::toString(to)) + " (" + op + " from " + c10::toString(from) +
-         ", e.g. x.to(" + torch_name + ")) inside a Mixed<" + short_dtype_name(s.compute) + ", ...> region on " +
+         ", e.g. x.to(" + torch_name + ")) inside a Mixed<" + dtype_name(s.compute) + ", ...> region on " +
          c10::DeviceTypeName(s.device, true) + " " + verdict + " by strict casts: autocast already runs eligible ops in " +
-         short_dtype_name(s.compute) +
+         dtype_name(s.compute) +
          " and keeps sensitive ones in fp32; let autocast choose the dtype (drop the cast), use "
          "region.full_precision(f, x) for an fp32 island, or cast outside the region";
-}
-
-inline bool is_half_dtype(c10::ScalarType t) {
-  return t == c10::ScalarType::Half || t == c10::ScalarType::BFloat16;
 }
 
 // The operators through which user code changes a tensor's dtype: every
@@ -176,7 +132,7 @@ inline void check_user_cast(const c10::OperatorHandle& op, const torch::jit::Sta
     const c10::IValue& v = stack[first + *other];
     if (v.isTensor()) to = v.toTensor().scalar_type();
   }
-  if (!to || !is_half_dtype(*to) || t.scalar_type() == *to || t.device().type() != s.device ||
+  if (!to || !is_half_precision(*to) || t.scalar_type() == *to || t.device().type() != s.device ||
       compat::autocast_dispatch_excluded(s.device) || compat::inside_autograd_backward()) {
     return;
   }

@@ -12,21 +12,17 @@
 // parameters, as torch.autocast does.
 #pragma once
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <torch/cuda.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/lbfgs.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -34,14 +30,39 @@
 #include <utility>
 #include <vector>
 
+#include "amp/checkpoint.h"
+#include "amp/detail/compat_ops.h"
 #include "amp/detail/progress.h"
 #include "amp/device.h"
 #include "amp/policy.h"
 #include "amp/region.h"
+#include "amp/scaler/dynamic_scaler.h"  // the built-in scalers a policy may name
+#include "amp/scaler/no_scaler.h"
+#include "amp/scaler/static_scaler.h"
 #include "amp/step.h"
+#include "amp/strict_casts.h"
 #include "amp/traits.h"
 
 namespace amp {
+
+struct TrainerOptions {
+  // Clipping and accumulation: the Stepper's (also spelled below).
+  TORCH_ARG(StepperOptions, stepper) = {};
+  // A progress bar (a TTY) or periodic lines (otherwise) during fit().
+  TORCH_ARG(bool, progress) = true;
+  // What a raw x.to(torch::kHalf / kBFloat16) in the forward of a Mixed policy
+  // does (amp/strict_casts.h): kThrow, kWarn or kOff. Used by Trainer's region.
+  TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
+
+  // The Stepper's options, spelled on TrainerOptions: .max_grad_norm(1.0).
+ public:  // (TORCH_ARG leaves the section private)
+  TrainerOptions& max_grad_norm(double value) { return stepper_.max_grad_norm(value), *this; }
+  double max_grad_norm() const { return stepper_.max_grad_norm(); }
+  TrainerOptions& norm_type(double value) { return stepper_.norm_type(value), *this; }
+  double norm_type() const { return stepper_.norm_type(); }
+  TrainerOptions& accumulation_steps(int64_t value) { return stepper_.accumulation_steps(value), *this; }
+  int64_t accumulation_steps() const { return stepper_.accumulation_steps(); }
+};
 
 struct FitOptions {
   // Epochs in total: fit() continues from the trainer's current epoch (after a
@@ -112,13 +133,6 @@ decltype(auto) as_range(L& loader) {
   }
 }
 
-inline void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) return;
-  (void)::fsync(fd);
-  ::close(fd);
-}
-
 }  // namespace detail
 
 template <class Policy, class Device = CUDA>
@@ -137,7 +151,9 @@ class Trainer {
   // std::shared_ptr<Module>. `optimizer` must outlive the Trainer.
   template <class Model>
   Trainer(Model&& model, torch::optim::Optimizer& optimizer, TrainerOptions options = {}, scaler_type scaler = scaler_type())
-      : module_(detail::as_module(std::forward<Model>(model))), stepper_(optimizer, std::move(options), std::move(scaler)) {
+      : module_(detail::as_module(std::forward<Model>(model))),
+        options_(std::move(options)),
+        stepper_(optimizer, options_.stepper(), std::move(scaler)) {
     setup();
   }
 
@@ -145,7 +161,13 @@ class Trainer {
   // fn(region) runs the forward under the policy and returns the loss.
   template <class F>
   StepResult step(F&& fn) {
-    if (closure_optimizer_) return closure_step(fn);
+    if (closure_optimizer_) {
+      if constexpr (traits::uses_loss_scaling) {
+        TORCH_CHECK(false, "amp: internal error: a loss-scaling Trainer with LBFGS passed setup()");
+      } else {
+        return stepper_.closure_step([&] { return forward(fn); });
+      }
+    }
     at::Tensor loss = forward(fn);
     return stepper_.step(loss);
   }
@@ -161,7 +183,7 @@ class Trainer {
     auto&& range = detail::as_range(loader);
     History history;
     int64_t total = fo.max_steps();
-    detail::Progress bar(stepper_.options().progress(), total, precision, fo.log_every());
+    detail::Progress bar(options_.progress(), total, precision, fo.log_every());
     bool stop = fo.max_steps() >= 0 && steps() >= fo.max_steps();
     while (!stop && epoch_ < fo.epochs()) {
       int64_t batch_index = 0;
@@ -205,56 +227,24 @@ class Trainer {
     TORCH_CHECK(stepper_.micro_step() == 0, "amp: save() was called in the middle of gradient accumulation (micro-batch ",
                 stepper_.micro_step(), " of ", stepper_.options().accumulation_steps(),
                 "); call it after the step that completes the accumulation");
-    torch::serialize::OutputArchive archive = to_archive();
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    try {
-      archive.save_to(tmp);
-    } catch (const c10::Error& e) {
-      std::remove(tmp.c_str());
-      TORCH_CHECK(false, "amp: could not write checkpoint '", path, "': ", e.what_without_backtrace());
-    }
-    detail::fsync_path(tmp, false);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      const int err = errno;
-      std::remove(tmp.c_str());
-      TORCH_CHECK(false, "amp: could not move the checkpoint into place at '", path, "': ", std::strerror(err));
-    }
-    const auto slash = path.find_last_of('/');
-    detail::fsync_path(slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash), true);
+    detail::write_checkpoint(path, precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
   }
 
   // Restores a checkpoint written by save(). Refuses one saved under another
   // policy, and a truncated or corrupt file; on any failure the trainer
   // (model, optimizer, scaler, counters) is left exactly as it was.
   void load(const std::string& path) {
-    torch::serialize::InputArchive archive;
-    try {
-      archive.load_from(path, parameter_device());
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "amp: could not read checkpoint '", path,
-                  "' (missing, truncated or not a checkpoint written by amp::Trainer::save): ",
-                  e.what_without_backtrace());
-    }
-    c10::IValue format, name;
-    TORCH_CHECK(archive.try_read("amp/format", format) && archive.try_read("amp/precision", name),
-                "amp: '", path, "' is not a checkpoint written by amp::Trainer::save (no amp/format entry)");
-    TORCH_CHECK(format.isInt() && format.toInt() == kCheckpointFormat, "amp: checkpoint '", path, "' has format ",
-                format, ", this amp reads format ", kCheckpointFormat);
-    TORCH_CHECK(name.isString() && name.toStringRef() == precision, "amp: checkpoint '", path,
-                "' was saved under precision \"", name.isString() ? name.toStringRef() : std::string("?"),
-                "\" but this Trainer's policy is \"", precision,
-                "\"; load it into a Trainer of that policy (see amp::dispatch_precision), or start from the model "
-                "weights alone with torch::load");
-
+    torch::serialize::InputArchive archive = detail::open_checkpoint(path, parameter_device(), precision);
     // Snapshot, apply, and roll back on any failure.
     std::stringstream snapshot;
-    to_archive().save_to(snapshot);
+    detail::checkpoint_archive(precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler())
+        .save_to(snapshot);
     try {
-      from_archive(archive);
+      apply(archive);
     } catch (const c10::Error& e) {
       torch::serialize::InputArchive old;
       old.load_from(snapshot, parameter_device());
-      from_archive(old);
+      apply(old);
       TORCH_CHECK(false, "amp: checkpoint '", path, "' does not fit this model/optimizer (left unchanged): ",
                   e.what_without_backtrace());
     }
@@ -265,40 +255,26 @@ class Trainer {
   scaler_type& scaler() { return stepper_.scaler(); }
   const scaler_type& scaler() const { return stepper_.scaler(); }
   torch::optim::Optimizer& optimizer() { return stepper_.optimizer(); }
-  const TrainerOptions& options() const { return stepper_.options(); }
+  const TrainerOptions& options() const { return options_; }
   int64_t steps() const { return stepper_.steps(); }
   int64_t epoch() const { return epoch_; }
 
  private:
-  static constexpr int64_t kCheckpointFormat = 1;
+  CheckpointCounters counters() const { return CheckpointCounters{steps(), epoch_, batch_in_epoch_}; }
+
+  void apply(torch::serialize::InputArchive& archive) {
+    const CheckpointCounters c = detail::apply_checkpoint(archive, *module_, stepper_.optimizer(), stepper_.scaler());
+    stepper_.set_steps(c.step);
+    epoch_ = c.epoch;
+    batch_in_epoch_ = c.batch_in_epoch;
+  }
 
   template <class F>
   at::Tensor forward(F& fn) {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the step function must take the region: [&](auto& region) { return loss; }");
-    region_type region(stepper_.options().strict_casts());
+    region_type region(options_.strict_casts());
     return fn(region);
-  }
-
-  // LBFGS re-evaluates the loss inside step(closure); no loss scaling can run
-  // there (the constructor rejects that combination), so the closure is the
-  // plain forward + backward under the region, clipped when asked.
-  template <class F>
-  StepResult closure_step(F& fn) {
-    auto& opt = stepper_.optimizer();
-    at::Tensor last;
-    opt.step([&] {
-      opt.zero_grad();
-      at::Tensor loss = forward(fn);
-      loss.backward();
-      if (stepper_.options().max_grad_norm() > 0.0)
-        torch::nn::utils::clip_grad_norm_(stepper_.gradients(), stepper_.options().max_grad_norm(),
-                                          stepper_.options().norm_type());
-      last = loss.detach();
-      return loss;
-    });
-    stepper_.set_steps(stepper_.steps() + 1);
-    return StepResult{last, at::Tensor(), true};
   }
 
   void setup() {
@@ -311,10 +287,16 @@ class Trainer {
     TORCH_CHECK(!closure_optimizer_ || stepper_.options().accumulation_steps() == 1,
                 "amp: gradient accumulation does not apply to a closure-based optimizer (LBFGS); set "
                 "TrainerOptions().accumulation_steps(1)");
-    if constexpr (std::is_same_v<Device, CUDA>) {
-      TORCH_CHECK(torch::cuda::is_available(), "amp: Trainer<", precision,
-                  ", amp::CUDA> needs a CUDA device, but LibTorch sees none; use amp::Trainer<Policy, amp::CPU>");
+    TORCH_CHECK(device_traits<Device>::available(), "amp: Trainer<", precision, ", ", device_traits<Device>::tag,
+                "> needs a ", device_traits<Device>::name, " device, but LibTorch sees none; use amp::Trainer<Policy, ",
+                device_traits<CPU>::tag, ">");
+    if constexpr (std::is_same_v<Device, CUDA> && (std::is_same_v<typename traits::compute_type, bf16> ||
+                                                   std::is_same_v<typename traits::param_type, bf16>)) {
+      TORCH_CHECK(detail::compat::cuda_supports_bf16(), "amp: ", precision,
+                  " computes in bf16, which needs an Ampere or newer GPU (compute capability 8.0+); this GPU has "
+                  "none: use amp::Mixed<amp::fp16, amp::DynamicScaler> (\"16-mixed\") on it");
     }
+    if constexpr (std::is_same_v<typename traits::param_type, fp16>) check_fp16_eps(opt);
     const c10::ScalarType want = scalar_type_v<typename traits::param_type>;
     const c10::DeviceType dev = device_traits<Device>::device_type;
     auto params = module_->named_parameters(/*recurse=*/true);
@@ -322,8 +304,7 @@ class Trainer {
     for (const auto& p : params) {
       TORCH_CHECK(p.value().device().type() == dev, "amp: parameter '", p.key(), "' is on ", p.value().device(),
                   " but the Trainer's device is ", device_traits<Device>::name, "; move the model first (model->to(",
-                  dev == c10::DeviceType::CUDA ? "torch::kCUDA" : "torch::kCPU", ")) or use amp::Trainer<Policy, ",
-                  p.value().device().is_cuda() ? "amp::CUDA" : "amp::CPU", ">");
+                  device_traits<Device>::torch_name, ")) or use the Trainer of the parameters' device");
       if constexpr (traits::uses_autocast) {
         TORCH_CHECK(p.value().scalar_type() == want, "amp: ", precision, " keeps parameters in fp32, but parameter '",
                     p.key(), "' is ", p.value().scalar_type(),
@@ -341,49 +322,27 @@ class Trainer {
     }
   }
 
+  // Adam's eps is added to sqrt(exp_avg_sq) in the parameters' dtype. In fp16
+  // torch's default 1e-8 rounds to 0, so any gradient element that is 0
+  // (a dead ReLU unit) makes 0/0 = NaN: reject it, naming the fix.
+  static void check_fp16_eps(const torch::optim::Optimizer& opt) {
+    constexpr double kMinNormalFp16 = 6.103515625e-05;  // 2^-14
+    for (const auto& group : opt.param_groups()) {
+      double eps = -1;
+      const char* name = nullptr;
+      if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&group.options())) eps = o->eps(), name = "AdamOptions";
+      if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&group.options())) eps = o->eps(), name = "AdamWOptions";
+      TORCH_CHECK(name == nullptr || eps >= kMinNormalFp16, "amp: ", precision, " keeps Adam's state in fp16, where eps=",
+                  eps, " rounds to 0 or a subnormal and 0/0 gives NaN (the loss becomes NaN); use torch::optim::",
+                  name ? name : "AdamOptions", "(lr).eps(1e-4), or a policy with fp32 optimizer state (\"16-mixed\", "
+                  "\"32-true\")");
+    }
+  }
+
   c10::Device parameter_device() const { return module_->parameters().front().device(); }
 
-  torch::serialize::OutputArchive to_archive() const {
-    torch::serialize::OutputArchive archive;
-    archive.write("amp/format", c10::IValue(kCheckpointFormat));
-    archive.write("amp/precision", c10::IValue(std::string(precision)));
-    archive.write("amp/step", c10::IValue(steps()));
-    archive.write("amp/epoch", c10::IValue(epoch_));
-    archive.write("amp/batch_in_epoch", c10::IValue(batch_in_epoch_));
-    torch::serialize::OutputArchive model, optim, scaler;
-    module_->save(model);
-    stepper_.optimizer().save(optim);
-    for (const auto& kv : stepper_.scaler().state_dict()) scaler.write(kv.key(), kv.value());
-    archive.write("model", model);
-    archive.write("optimizer", optim);
-    archive.write("scaler", scaler);
-    return archive;
-  }
-
-  void from_archive(torch::serialize::InputArchive& archive) {
-    torch::serialize::InputArchive model, optim, scaler;
-    archive.read("model", model);
-    archive.read("optimizer", optim);
-    archive.read("scaler", scaler);
-    c10::IValue step, epoch, batch;
-    archive.read("amp/step", step);
-    archive.read("amp/epoch", epoch);
-    archive.read("amp/batch_in_epoch", batch);
-    auto generic = c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& key : scaler.keys()) {
-      c10::IValue v;
-      scaler.read(key, v);
-      generic.insert(key, v);
-    }
-    module_->load(model);
-    stepper_.optimizer().load(optim);
-    stepper_.scaler().load_state_dict(c10::impl::toTypedDict<std::string, c10::IValue>(generic));
-    stepper_.set_steps(step.toInt());
-    epoch_ = epoch.toInt();
-    batch_in_epoch_ = batch.toInt();
-  }
-
   std::shared_ptr<torch::nn::Module> module_;
+  TrainerOptions options_;
   Stepper<scaler_type> stepper_;
   bool closure_optimizer_ = false;
   int64_t epoch_ = 0;

@@ -17,21 +17,19 @@
 #include "amp/dtype.h"
 #include "amp/policy.h"
 #include "amp/scaler/scaler_traits.h"
-#include "amp/version.h"
+#include "amp/detail/compat.h"
 
 namespace amp {
 
 // ---------------------------------------------------------------------------
-// The support matrix, derived from LibTorch's version macros.
-//  * CPU autocast: bf16 since 1.10; fp16 since 2.3 (torch.autocast("cpu",
-//    dtype=torch.float16), pytorch#112484). Debian's 1.13 rejects kHalf with
-//    "AutocastCPU only support Bfloat16".
-//  * CPU fp16 kernels (addmm, conv) for True<fp16>: 1.13 has none
-//    ("addmm_impl_cpu_" not implemented for 'Half'); taken as 2.3 with autocast.
+// The support matrix: one row per (dtype, device) that works, from the
+// version facts in detail/compat.h. A new device adds its rows here.
+//  * CPU: bf16 autocast since 1.10; fp16 autocast and the fp16 kernels
+//    True<fp16> needs from compat::kCpuHasFp16.
 //  * TF32 is a tensor-core math mode: CUDA only.
-//  * CUDA: every valid policy compiles; bf16 needs an Ampere or newer GPU at run time.
+//  * CUDA: every valid policy compiles; bf16 needs an Ampere or newer GPU,
+//    which the Trainer checks at run time.
 // ---------------------------------------------------------------------------
-inline constexpr bool kCpuHasFp16 = libtorch_at_least(2, 3);
 
 // Can autocast compute in Dtype on Device with this LibTorch?
 template <class Dtype, class Device>
@@ -39,7 +37,7 @@ inline constexpr bool autocast_supported_v = false;
 template <>
 inline constexpr bool autocast_supported_v<bf16, CPU> = true;
 template <>
-inline constexpr bool autocast_supported_v<fp16, CPU> = kCpuHasFp16;
+inline constexpr bool autocast_supported_v<fp16, CPU> = detail::compat::kCpuHasFp16;
 template <>
 inline constexpr bool autocast_supported_v<bf16, CUDA> = true;
 template <>
@@ -47,11 +45,25 @@ inline constexpr bool autocast_supported_v<fp16, CUDA> = true;
 
 // Can a whole model be trained in Dtype on Device with this LibTorch?
 template <class Dtype, class Device>
-inline constexpr bool true_precision_supported_v = is_dtype_v<Dtype> && is_device_v<Device>;
+inline constexpr bool true_precision_supported_v = false;
 template <>
-inline constexpr bool true_precision_supported_v<tf32, CPU> = false;
+inline constexpr bool true_precision_supported_v<fp64, CPU> = true;
 template <>
-inline constexpr bool true_precision_supported_v<fp16, CPU> = kCpuHasFp16;
+inline constexpr bool true_precision_supported_v<fp32, CPU> = true;
+template <>
+inline constexpr bool true_precision_supported_v<bf16, CPU> = true;
+template <>
+inline constexpr bool true_precision_supported_v<fp16, CPU> = detail::compat::kCpuHasFp16;
+template <>
+inline constexpr bool true_precision_supported_v<fp64, CUDA> = true;
+template <>
+inline constexpr bool true_precision_supported_v<fp32, CUDA> = true;
+template <>
+inline constexpr bool true_precision_supported_v<tf32, CUDA> = true;
+template <>
+inline constexpr bool true_precision_supported_v<bf16, CUDA> = true;
+template <>
+inline constexpr bool true_precision_supported_v<fp16, CUDA> = true;
 
 // ---------------------------------------------------------------------------
 // Validity: one trait per rule, then their conjunction.
@@ -90,6 +102,12 @@ inline constexpr bool mixed_has_half_compute_v = !is_mixed_v<P> || is_half_preci
 // Rule: the Scaler of a Mixed policy has the scaler interface.
 template <class P>
 inline constexpr bool mixed_has_scaler_v = !is_mixed_v<P> || is_scaler_v<detail::mixed_scaler_t<P>>;
+// Rule: a user-defined Scaler names itself (kName), so the policy has a
+// precision name for checkpoints and fit()'s output.
+template <class P>
+inline constexpr bool mixed_scaler_named_v = !is_mixed_v<P> || detail::builtin_scaler<detail::mixed_scaler_t<P>>::value ||
+                                             detail::has_scaler_name<detail::mixed_scaler_t<P>>::value;
+
 // Rule: fp16 needs loss scaling.
 template <class P>
 inline constexpr bool fp16_is_scaled_v = !is_mixed_v<P> || !std::is_same_v<detail::mixed_compute_t<P>, fp16> ||
@@ -104,7 +122,8 @@ inline constexpr bool true_has_dtype_v = !is_true_v<P> || is_dtype_v<detail::tru
 
 template <class P>
 inline constexpr bool is_valid_policy_v = is_policy_v<P> && mixed_has_half_compute_v<P> && mixed_has_scaler_v<P> &&
-                                          fp16_is_scaled_v<P> && bf16_is_unscaled_v<P> && true_has_dtype_v<P>;
+                                          fp16_is_scaled_v<P> && bf16_is_unscaled_v<P> && true_has_dtype_v<P> &&
+                                          mixed_scaler_named_v<P>;
 
 namespace detail {
 template <class P, class Device, bool Valid = is_valid_policy_v<P> && is_device_v<Device>>
@@ -149,6 +168,12 @@ constexpr bool check_policy() {
                   "amp: the Scaler of Mixed<Compute, Scaler> lacks the scaler interface (kLossScaling, scale, unscale_, "
                   "step, update, get_scale, is_enabled, state_dict, load_state_dict); use amp::DynamicScaler, "
                   "amp::StaticScaler or amp::NoScaler");
+    return false;
+  } else if constexpr (!mixed_scaler_named_v<P>) {
+    static_assert(mixed_scaler_named_v<P>,
+                  "amp: a user-defined Scaler needs a name for the policy's precision string (checkpoints, fit()); add "
+                  "`static constexpr const char* kName = \"myscaler\";` to the scaler (the policy is then named "
+                  "\"16-mixed-myscaler\")");
     return false;
   } else if constexpr (!fp16_is_scaled_v<P>) {
     static_assert(fp16_is_scaled_v<P>,
@@ -208,9 +233,6 @@ constexpr bool check_autocast() {
 }
 
 }  // namespace detail
-}  // namespace amp
-
-namespace amp {
 
 // The static rules as a public check, for generic code that takes a policy:
 //   static_assert(amp::require_valid_policy<P>());      // one `amp:` message per broken rule

@@ -1,19 +1,14 @@
-// amp/detail/compat.h: the one place that knows LibTorch version differences.
+// amp/detail/compat.h: the one place that knows what each LibTorch version has.
 //
-//   amp::detail::compat::...   (never used by callers)
+//   if constexpr (amp::detail::compat::kCpuHasAmpKernels) { ... }
+//   #if AMP_DETAIL_DEVICE_GENERIC_AUTOCAST_API ... #endif
 //
-// Sections: GradScaler kernels; autocast state API; telling autocast's own work apart.
+// Every version threshold is a named constant or macro here, decided from
+// TORCH_VERSION_MAJOR/MINOR; nothing else in amp compares version numbers.
+// Only small headers: the compile-time layer (device.h, traits.h) reads it.
+// The ATen calls whose spelling differs switch on these names in
+// detail/compat_ops.h.
 #pragma once
-
-#include <ATen/autocast_mode.h>
-#include <c10/core/DeviceType.h>
-#include <c10/core/DispatchKey.h>
-#include <c10/core/ScalarType.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/util/Exception.h>
-#include <torch/csrc/autograd/graph_task.h>
-
-#include <cstdlib>
 
 #include "amp/version.h"
 
@@ -27,12 +22,11 @@ namespace compat {
 // (pytorch#109281). Before that, CPU uses amp's portable path.
 inline constexpr bool kCpuHasAmpKernels = libtorch_at_least(2, 3);
 
-// Whether both kernels can run on tensors of `device`. CUDA always; CPU from
-// 2.3; anything else (MPS, XPU, ...) takes the portable path, which is correct
-// on every device because it is made of ordinary ATen ops.
-constexpr bool has_amp_kernels(c10::DeviceType device) {
-  return device == c10::DeviceType::CUDA || (device == c10::DeviceType::CPU && kCpuHasAmpKernels);
-}
+// --- fp16 on CPU ----------------------------------------------------------------
+// CPU autocast to fp16 (torch.autocast("cpu", dtype=torch.float16),
+// pytorch#112484) and the CPU fp16 kernels True<fp16> needs (addmm, conv):
+// 2.3. 1.13 rejects kHalf with "AutocastCPU only support Bfloat16".
+inline constexpr bool kCpuHasFp16 = libtorch_at_least(2, 3);
 
 // --- autocast state API -----------------------------------------------------
 // LibTorch 2.4 (pytorch#124359) made the autocast state per device type:
@@ -41,13 +35,8 @@ constexpr bool has_amp_kernels(c10::DeviceType device) {
 // ScalarType), and deprecated the per-device functions 1.13 only has
 // (is_enabled/set_enabled and get/set_autocast_gpu_dtype for CUDA,
 // is_cpu_enabled/set_cpu_enabled and get/set_autocast_cpu_dtype for CPU).
-// Read in aten/src/ATen/autocast_mode.h of pytorch/pytorch (2.4+ and main):
-// the deprecated ones are C10_DEPRECATED_MESSAGE inline wrappers that also
-// TORCH_WARN_DEPRECATION at run time, so the choice is made by the
-// preprocessor (an `if constexpr` would still name, and warn on, the old API).
-// clear_cache, increment_nesting, decrement_nesting, is_autocast_cache_enabled
-// and set_autocast_cache_enabled kept their names and signatures.
-// All of this state is thread-local in every version (see amp/autocast.h).
+// The deprecated ones warn at compile and run time, so the choice is made by
+// the preprocessor. The cache and nesting functions kept their names.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 #define AMP_DETAIL_DEVICE_GENERIC_AUTOCAST_API 1
 #else
@@ -56,103 +45,94 @@ constexpr bool has_amp_kernels(c10::DeviceType device) {
 inline constexpr bool kDeviceGenericAutocastApi = AMP_DETAIL_DEVICE_GENERIC_AUTOCAST_API;
 static_assert(kDeviceGenericAutocastApi == libtorch_at_least(2, 4), "amp: compat.h's autocast API switch disagrees with version.h");
 
-#if !AMP_DETAIL_DEVICE_GENERIC_AUTOCAST_API
-// 1.13 has per-device functions for CPU, CUDA and XPU only; amp has CPU and CUDA tags.
-[[noreturn]] inline void autocast_device_unsupported(c10::DeviceType device) {
-  TORCH_CHECK(false, "amp: autocast on ", c10::DeviceTypeName(device), " is not supported by amp with LibTorch ",
-              TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, "; use amp::CPU or amp::CUDA");
-  std::abort();  // unreachable: TORCH_CHECK(false) throws
-}
-#endif
+}  // namespace compat
+}  // namespace detail
+}  // namespace amp
 
-inline bool autocast_enabled(c10::DeviceType device) {
-#if AMP_DETAIL_DEVICE_GENERIC_AUTOCAST_API
-  return at::autocast::is_autocast_enabled(device);
+// --- fused optimizer kernels and optimizer state (optim/fused.h) ---
+// Which of ATen's fused optimizer steps a LibTorch has, and the key type of
+// torch::optim::Optimizer::state(); amp/optim/fused.h calls the kernels,
+// switching on these names. Constants and light headers only, as the rest of
+// this file.
+//
+// The kernels (native_functions.yaml of each release; the ATen/ops/
+// *_cpu_dispatch.h / *_cuda_dispatch.h headers a LibTorch installs):
+//   _fused_adam_   CUDA in every LibTorch amp supports (1.13: CUDA only);
+//   _fused_adamw_  CUDA from 2.0 (pytorch#88015);
+//   _fused_sgd_    CUDA from 2.3 (pytorch#116585);
+//   CPU kernels of all three from 2.4 (pytorch#123074 for Adam/AdamW).
+// Other devices (MPS, XPU, ...) are left out: amp cannot test them.
+// optim/fused.h also asks the dispatcher whether the kernel is registered, so
+// a wrong threshold here gives "no fused kernel", not a failed call.
+// The double-lr overloads have the same schema in every version that has the
+// op (2.x adds overloads with a Tensor lr):
+//   _fused_adam_(Tensor[] self, Tensor[] grads, Tensor[] exp_avgs, Tensor[] exp_avg_sqs,
+//       Tensor[] max_exp_avg_sqs, Tensor[] state_steps, *, float lr, float beta1, float beta2,
+//       float weight_decay, float eps, bool amsgrad, bool maximize,
+//       Tensor? grad_scale=None, Tensor? found_inf=None)           (_fused_adamw_ the same)
+//   _fused_sgd_(Tensor[] self, Tensor[] grads, Tensor[] momentum_buffer_list, *,
+//       float weight_decay, float momentum, float lr, float dampening, bool nesterov,
+//       bool maximize, bool is_first_step, Tensor? grad_scale=None, Tensor? found_inf=None)
+#include <c10/core/DeviceType.h>
+
+#include <string>
+
+#if TORCH_VERSION_MAJOR >= 2
+#define AMP_DETAIL_HAS_FUSED_ADAMW 1
 #else
-  switch (device) {
-    case c10::DeviceType::CPU:
-      return at::autocast::is_cpu_enabled();
-    case c10::DeviceType::CUDA:
-      return at::autocast::is_enabled();  // 1.13's CUDA-only name
-    default:
-      autocast_device_unsupported(device);
-  }
+#define AMP_DETAIL_HAS_FUSED_ADAMW 0
 #endif
-}
-
-inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
-#if AMP_DETAIL_DEVICE_GENERIC_AUTOCAST_API
-  at::autocast::set_autocast_enabled(device, enabled);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define AMP_DETAIL_HAS_FUSED_SGD 1
 #else
-  switch (device) {
-    case c10::DeviceType::CPU:
-      return at::autocast::set_cpu_enabled(enabled);
-    case c10::DeviceType::CUDA:
-      return at::autocast::set_enabled(enabled);
-    default:
-      autocast_device_unsupported(device);
-  }
+#define AMP_DETAIL_HAS_FUSED_SGD 0
 #endif
+#if TORCH_VERSION_MAJOR < 2
+#include <c10/util/C++17.h>  // c10::guts::to_string, 1.13's state key
+#endif
+
+namespace amp {
+namespace detail {
+namespace compat {
+
+inline constexpr bool kHasFusedAdamW = AMP_DETAIL_HAS_FUSED_ADAMW;
+inline constexpr bool kHasFusedSgd = AMP_DETAIL_HAS_FUSED_SGD;
+inline constexpr bool kCpuHasFusedOptimizers = libtorch_at_least(2, 4);
+static_assert(kHasFusedAdamW == libtorch_at_least(2, 0) && kHasFusedSgd == libtorch_at_least(2, 3),
+              "amp: compat.h's fused-optimizer switches disagree with version.h");
+
+enum class FusedOp { kAdam, kAdamW, kSgd };
+
+// The operator's name for the dispatcher (overload "": the double-lr one).
+constexpr const char* fused_op_name(FusedOp op) {
+  return op == FusedOp::kAdam ? "aten::_fused_adam_" : op == FusedOp::kAdamW ? "aten::_fused_adamw_" : "aten::_fused_sgd_";
 }
 
-// The dtype autocast computes eligible ops in. Defaults: Half on CUDA, BFloat16 on CPU.
-inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
-#if AMP_DETAIL_DEVICE_GENERIC_AUTOCAST_API
-  return at::autocast::get_autocast_dtype(device);
+// The first LibTorch with the op's kernel for `device` ("" where amp knows of none).
+constexpr const char* fused_op_since(FusedOp op, c10::DeviceType device) {
+  if (device == c10::DeviceType::CPU) return "2.4";
+  if (device != c10::DeviceType::CUDA) return "";
+  return op == FusedOp::kAdam ? "1.13" : op == FusedOp::kAdamW ? "2.0" : "2.3";
+}
+
+// Whether this LibTorch has the op's kernel for `device`.
+constexpr bool has_fused_op(FusedOp op, c10::DeviceType device) {
+  const bool exists = op == FusedOp::kAdam || (op == FusedOp::kAdamW ? kHasFusedAdamW : kHasFusedSgd);
+  return exists && (device == c10::DeviceType::CUDA || (device == c10::DeviceType::CPU && kCpuHasFusedOptimizers));
+}
+
+// The key of a parameter's entry in torch::optim::Optimizer::state(), from
+// param.unsafeGetTensorImpl(): the std::string c10::guts::to_string makes of
+// the pointer in 1.13 (torch/csrc/api/src/optim/adam.cpp:
+// state_.find(c10::guts::to_string(p.unsafeGetTensorImpl()))), the void*
+// itself from 2.0 on. optim/fused.h checks OptimStateKey against the map.
+#if TORCH_VERSION_MAJOR >= 2
+using OptimStateKey = void*;
+inline OptimStateKey optim_state_key(void* tensor_impl) { return tensor_impl; }
 #else
-  switch (device) {
-    case c10::DeviceType::CPU:
-      return at::autocast::get_autocast_cpu_dtype();
-    case c10::DeviceType::CUDA:
-      return at::autocast::get_autocast_gpu_dtype();
-    default:
-      autocast_device_unsupported(device);
-  }
+using OptimStateKey = std::string;
+inline OptimStateKey optim_state_key(void* tensor_impl) { return c10::guts::to_string(tensor_impl); }
 #endif
-}
-
-// Throws on 1.13 for CPU and any dtype but BFloat16 ("AutocastCPU only support
-// Bfloat16"); amp's static rules keep Autocast from asking for it.
-inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
-#if AMP_DETAIL_DEVICE_GENERIC_AUTOCAST_API
-  at::autocast::set_autocast_dtype(device, dtype);
-#else
-  switch (device) {
-    case c10::DeviceType::CPU:
-      return at::autocast::set_autocast_cpu_dtype(dtype);
-    case c10::DeviceType::CUDA:
-      return at::autocast::set_autocast_gpu_dtype(dtype);
-    default:
-      autocast_device_unsupported(device);
-  }
-#endif
-}
-
-// The cast cache (autocast's fp32 -> low-precision copies of leaf tensors that
-// require grad, i.e. weights) and the nesting counter are one per thread, not
-// per device type; torch.autocast's __exit__ clears the cache when the
-// counter returns to 0.
-inline bool autocast_cache_enabled() { return at::autocast::is_autocast_cache_enabled(); }
-inline void set_autocast_cache_enabled(bool enabled) { at::autocast::set_autocast_cache_enabled(enabled); }
-inline int autocast_increment_nesting() { return at::autocast::increment_nesting(); }
-inline int autocast_decrement_nesting() { return at::autocast::decrement_nesting(); }
-inline void clear_autocast_cache() { at::autocast::clear_cache(); }
-
-// --- telling autocast's own work apart (strict_casts.h) ----------------------
-// Autocast is "on" for a device exactly while its Autocast* dispatch key is
-// not excluded in the thread's TLS; autocast's kernels exclude it while they
-// run (ExcludeDispatchKeyGuard in autocast_mode.cpp), so an op issued with the
-// key excluded comes from autocast itself, or from code where autocast is off.
-// Same keys and mechanism in 1.13 and 2.x.
-inline bool autocast_dispatch_excluded(c10::DeviceType device) {
-  return c10::impl::tls_is_dispatch_key_excluded(device == c10::DeviceType::CUDA ? c10::DispatchKey::AutocastCUDA
-                                                                                  : c10::DispatchKey::AutocastCPU);
-}
-
-// Whether this thread is executing a backward() graph task (the autograd
-// engine sets a thread-local current graph task around every node it runs;
-// this accessor of it exists, with this signature, in 1.13 and 2.x).
-inline bool inside_autograd_backward() { return torch::autograd::get_current_graph_task_exec_info() != nullptr; }
 
 }  // namespace compat
 }  // namespace detail

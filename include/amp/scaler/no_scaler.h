@@ -14,6 +14,7 @@
 
 #include <vector>
 
+#include "amp/scaler/detail/state_dict.h"
 #include "amp/scaler/scaler_traits.h"
 
 namespace amp {
@@ -34,12 +35,12 @@ class NoScaler {
   bool is_enabled() const { return false; }
   // Undefined: no inf/NaN check is ever made without loss scaling.
   at::Tensor found_inf() const { return at::Tensor(); }
-  StateDict state_dict() const {
-    return c10::impl::toTypedDict<std::string, c10::IValue>(
-        c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
-  }
+  StateDict state_dict() const { return detail::empty_state_dict(); }
   // A NoScaler has no state; any dict (typically the empty one it saved) loads.
   void load_state_dict(const StateDict& /*state*/) {}
+  void load_state_dict(const c10::impl::GenericDict& /*state*/) {}
 };
+
+static_assert(detail::builtin_scaler_matches_v<NoScaler>, "amp: NoScaler must match scaler_traits.h's builtin_scaler");
 
 }  // namespace amp

@@ -15,7 +15,8 @@
 
 #include <cmath>
 
-#include "amp/scaler/dynamic_scaler.h"
+#include "amp/scaler/detail/state_dict.h"
+#include "amp/scaler/loss_scaler.h"
 #include "amp/scaler/options.h"
 #include "amp/scaler/scaler_traits.h"
 
@@ -62,6 +63,10 @@ class StaticScaler : public detail::LossScalerBase {
     }
     load_scale(state, "StaticScaler");
   }
+  // A Python-written state dict, as torch::pickle_load(bytes).toGenericDict().
+  void load_state_dict(const c10::impl::GenericDict& state) { load_state_dict(detail::typed_state_dict(state)); }
 };
+
+static_assert(detail::builtin_scaler_matches_v<StaticScaler>, "amp: StaticScaler must match scaler_traits.h's builtin_scaler");
 
 }  // namespace amp

@@ -1,0 +1,88 @@
+"""tests/gpu/parity_twin.py: the Python half of the GPU parity check.
+
+    python3 parity_twin.py OUT_DIR     (after `parity OUT_DIR`)
+
+Runs the steps of tests/gpu/parity.cc with Python's torch.amp (autocast,
+GradScaler, torch.optim.Adam with foreach=False, the per-tensor loop LibTorch's
+C++ Adam is) and compares every step's loss and loss scale and the final
+parameters with the C++ run bit for bit. Also writes a GradScaler state_dict
+with torch.save for the Python -> C++ direction. Exit 1 on any difference.
+"""
+import struct
+import sys
+
+import torch
+
+STEPS = 300
+
+
+def bits(x):
+    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
+
+
+def make_model():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                            torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    return m.cuda()
+
+
+def data():
+    torch.manual_seed(1)
+    x = (torch.randn(STEPS, 128, 64) * 4).cuda()
+    y = torch.randint(0, 10, (STEPS, 128)).cuda()
+    return x, y
+
+
+def run(name, dtype, scaled, x, y):
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    scaler = torch.amp.GradScaler("cuda", init_scale=65536.0, growth_interval=20, enabled=scaled)
+    rows = []
+    for i in range(STEPS):
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=dtype):
+            loss = torch.nn.functional.cross_entropy(model(x[i]), y[i])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        rows.append((name, i, bits(loss.item()), bits(scaler.get_scale() if scaled else 1.0)))
+    return rows, [p.detach().cpu() for p in model.parameters()]
+
+
+def main(out):
+    x, y = data()
+    cpp = {}
+    for line in open(f"{out}/cpp_steps.txt"):
+        run_name, i, loss, scale = line.split()
+        cpp[(run_name, int(i))] = (int(loss), int(scale))
+    failures = 0
+    for name, dtype, scaled in [("recipe-16-mixed", torch.float16, True), ("trainer-16-mixed", torch.float16, True),
+                                ("trainer-bf16-mixed", torch.bfloat16, False)]:
+        rows, params = run(name, dtype, scaled, x, y)
+        diff_steps = [r[1] for r in rows if cpp.get((r[0], r[1])) != (r[2], r[3])]
+        cpp_params = torch.load(f"{out}/cpp_{name}.pt", weights_only=False)
+        same_params = len(cpp_params) == len(params) and all(torch.equal(a, b) for a, b in zip(cpp_params, params))
+        scales = [struct.unpack("<f", struct.pack("<I", r[3]))[0] for r in rows]
+        backoffs = sum(1 for a, b in zip(scales, scales[1:]) if b < a)
+        growths = sum(1 for a, b in zip(scales, scales[1:]) if b > a)
+        ok = not diff_steps and same_params
+        failures += 0 if ok else 1
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {STEPS} steps, losses and scales "
+              f"{'bitwise equal' if not diff_steps else f'differ at steps {diff_steps[:5]}'}; "
+              f"final parameters {'bitwise equal' if same_params else 'DIFFER'}; "
+              f"scale backed off {backoffs}x, grew {growths}x, final {scales[-1]:g}")
+    # Python -> C++: a GradScaler state as torch.save writes it (read by tests/scaler_test.cc's twin file).
+    s = torch.amp.GradScaler("cuda", init_scale=1024.0, growth_factor=3.0, growth_interval=7)
+    w = torch.zeros(2, device="cuda", requires_grad=True)
+    o = torch.optim.SGD([w], lr=0.1)
+    s.scale((w * float("inf")).sum()).backward()
+    s.step(o)
+    s.update()
+    torch.save(s.state_dict(), f"{out}/python_grad_scaler.pt")
+    print("wrote", f"{out}/python_grad_scaler.pt", s.state_dict())
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
