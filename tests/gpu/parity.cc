@@ -39,7 +39,7 @@ struct Data {
   Data() {
     torch::manual_seed(1);
     x = (torch::randn({kSteps, 128, 64}) * 4).to(torch::kCUDA);  // large inputs: fp16 overflows at high scales
-    y = torch::randint(0, 10, {kSteps, 128}).to(torch::kCUDA);
+    y = torch::randint(0, 10, {kSteps, 128}, torch::kLong).to(torch::kCUDA);  // C++ randint defaults to float
   }
 };
 

@@ -66,6 +66,11 @@ def main(out):
         scales = [struct.unpack("<f", struct.pack("<I", r[3]))[0] for r in rows]
         backoffs = sum(1 for a, b in zip(scales, scales[1:]) if b < a)
         growths = sum(1 for a, b in zip(scales, scales[1:]) if b > a)
+        if diff_steps:
+            i = diff_steps[0]
+            c = cpp.get((name, i))
+            print(f"  first difference at step {i}: python loss/scale bits {rows[i][2]:#x}/{rows[i][3]:#x}, "
+                  f"C++ {c[0]:#x}/{c[1]:#x}" if c else f"  step {i} missing in the C++ log")
         ok = not diff_steps and same_params
         failures += 0 if ok else 1
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {STEPS} steps, losses and scales "
