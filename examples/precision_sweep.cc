@@ -7,15 +7,29 @@
 // Trains the same MLP on an embedded synthetic classification task (a fixed
 // random nonlinear teacher; no download) under every policy of
 // amp::supported_policies<Device> — the compile-time Hana list, so a policy
-// added to the library adds a row — and prints a comparison table. Per-step
-// metrics go to a CSV; gnuplot renders the loss curves (and the loss scale of
-// scaled policies) to a PNG.
+// added to the library adds a row — and prints a comparison table.
+//
+// Timing: each policy first runs --warmup untimed steps on a throwaway model
+// of the same shape (CUDA context, cuBLAS handles, kernel choice, allocator
+// growth), then the timed run from the same initial weights as every other
+// policy, bracketed by device synchronizations on CUDA. A run that ends with
+// a non-finite loss or weights is reported as diverged and is never the speed
+// baseline; one that throws is reported as failed (exit status 1) and the
+// others still run. 16-true uses AdamW eps 1e-4 (1e-8 is 0 in fp16).
+// Default size: hidden 1024, batch 256 on CPU (quick); hidden 4096, batch 4096
+// on CUDA (enough matmul work for tensor cores to show).
+//
+// Outputs: per-step metrics (--csv), a per-policy summary next to it
+// (sweep.csv -> sweep.summary.csv), and a gnuplot PNG (--plot) of loss per
+// step, loss per wall-clock second, steps/s and peak memory per policy, and
+// the loss scale of scaled policies.
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
 #include <amp/amp.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -39,9 +53,10 @@ struct Config {
   std::string precision;  // empty: all supported
   std::string device;
   int64_t steps = 150;
-  int64_t batch_size = 256;
+  int64_t warmup = 5;
+  int64_t batch_size = 256;  // 4096 on CUDA unless --batch-size
   int64_t seed = 42;
-  int64_t hidden = 1024;
+  int64_t hidden = 1024;  // 4096 on CUDA unless --hidden
   std::string csv, plot;
 };
 
@@ -105,8 +120,28 @@ struct Row {
   double final_loss = 0, accuracy = 0, steps_per_s = 0, peak_mib = 0, scale = 1;
   int64_t skipped = 0;
   bool scaled = false;
+  bool diverged = false;  // non-finite loss in the last steps, or non-finite weights
+  double eps = 1e-8;      // AdamW's
+  std::string error;      // the run threw: shown as failed, left out of the CSVs and the plot
   amp::History history;
 };
+
+using Batch = std::pair<torch::Tensor, torch::Tensor>;
+
+// The model, optimizer and trainer options every run (timed or warm-up) uses.
+Mlp make_model(const Config& cfg, torch::Device device) {
+  Mlp model(cfg.hidden);
+  model->to(device);
+  return model;
+}
+// With fp16 parameters Adam's state is fp16 too, where torch's eps 1e-8 is 0
+// (the Trainer refuses it): use the smallest safe one there.
+double adam_eps(c10::ScalarType param_dtype) { return param_dtype == torch::kHalf ? 1e-4 : 1e-8; }
+torch::optim::AdamWOptions optimizer_options(double eps) {
+  return torch::optim::AdamWOptions(1e-3).weight_decay(0.0).eps(eps);
+}
+amp::TrainerOptions trainer_options() { return amp::TrainerOptions().max_grad_norm(1.0); }
+torch::Tensor loss_of(Mlp& model, const Batch& batch) { return torch::cross_entropy_loss(model(batch.first), batch.second); }
 
 template <class P, class Device>
 Row run_policy(const Config& cfg, const Task& task, torch::Device device) {
@@ -116,30 +151,38 @@ Row run_policy(const Config& cfg, const Task& task, torch::Device device) {
   Row row;
   row.name = amp::policy_traits<P>::name;
   row.scaled = amp::policy_traits<P>::uses_loss_scaling;
-
-  torch::manual_seed(cfg.seed);  // same initial weights for every policy
-  Mlp model(cfg.hidden);
-  model->to(device);
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.0));
-  Trainer trainer(model, optimizer, amp::TrainerOptions().max_grad_norm(1.0));
+  row.eps = adam_eps(Region::param_dtype);
 
   // Batches in the policy's parameter dtype (True<bf16> trains on bf16 inputs).
   const auto in_dtype = Region::param_dtype;
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  std::vector<Batch> batches;
   const int64_t n = task.train_x.size(0);
   for (int64_t i = 0; i + cfg.batch_size <= n; i += cfg.batch_size)
     batches.emplace_back(task.train_x.narrow(0, i, cfg.batch_size).to(device, in_dtype),
                          task.train_y.narrow(0, i, cfg.batch_size).to(device));
   const int64_t epochs = (cfg.steps + static_cast<int64_t>(batches.size()) - 1) / static_cast<int64_t>(batches.size());
 
+  // Untimed warm-up on a throwaway model of the same shapes and policy: the
+  // timed run below pays no first-call costs and still starts from the seed.
+  if (cfg.warmup > 0) {
+    Mlp model = make_model(cfg, device);
+    torch::optim::AdamW optimizer(model->parameters(), optimizer_options(row.eps));
+    Trainer trainer(model, optimizer, trainer_options());
+    for (int64_t i = 0; i < cfg.warmup; ++i)
+      trainer.step([&](Region&) { return loss_of(model, batches[static_cast<size_t>(i) % batches.size()]); });
+    if (cuda) torch::cuda::synchronize();
+  }
+
+  torch::manual_seed(cfg.seed);  // same initial weights for every policy
+  Mlp model = make_model(cfg, device);
+  torch::optim::AdamW optimizer(model->parameters(), optimizer_options(row.eps));
+  Trainer trainer(model, optimizer, trainer_options());
+
   if (cuda) torch::cuda::synchronize();
   reset_peak_memory(cuda);
   const auto t0 = std::chrono::steady_clock::now();
   row.history = trainer.fit(
-      batches,
-      [&](Region&, const std::pair<torch::Tensor, torch::Tensor>& batch) {
-        return torch::cross_entropy_loss(model(batch.first), batch.second);
-      },
+      batches, [&](Region&, const Batch& batch) { return loss_of(model, batch); },
       amp::FitOptions().epochs(epochs).max_steps(cfg.steps).log_every(50));
   if (cuda) torch::cuda::synchronize();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -147,10 +190,14 @@ Row run_policy(const Config& cfg, const Task& task, torch::Device device) {
   row.steps_per_s = static_cast<double>(row.history.steps.size()) / secs;
   row.skipped = row.history.skipped();
   row.scale = trainer.scaler().get_scale();
-  // Mean loss of the last 10 steps: less noisy than the last batch alone.
+  // Mean loss of the last 10 steps: less noisy than the last batch alone, and
+  // non-finite if any of them is.
   const auto& h = row.history.steps;
   const size_t tail = std::min<size_t>(10, h.size());
   for (size_t i = h.size() - tail; i < h.size(); ++i) row.final_loss += h[i].loss / static_cast<double>(tail);
+  row.diverged = !std::isfinite(row.final_loss);
+  for (const auto& p : model->parameters())
+    row.diverged = row.diverged || !torch::isfinite(p).all().template item<bool>();
 
   torch::NoGradGuard no_grad;
   model->eval();
@@ -160,36 +207,68 @@ Row run_policy(const Config& cfg, const Task& task, torch::Device device) {
   return row;
 }
 
-void print_table(const std::vector<Row>& rows, const std::string& device) {
-  double base = 0;
+// The speed baseline: 32-true, when it ran and did not diverge.
+const Row* baseline(const std::vector<Row>& rows) {
   for (const auto& r : rows)
-    if (r.name == "32-true") base = r.steps_per_s;
-  std::cout << "\nprecision sweep on " << device << " (LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor
-            << ")\n";
+    if (r.name == "32-true" && !r.diverged && r.error.empty()) return &r;
+  return nullptr;
+}
+
+void print_table(const std::vector<Row>& rows, const Config& cfg) {
+  const Row* base = baseline(rows);
+  std::cout << "\nprecision sweep on " << cfg.device << " (LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor
+            << "; MLP " << Task::kIn << "-" << cfg.hidden << "-" << cfg.hidden << "-" << Task::kClasses << ", batch "
+            << cfg.batch_size << ")\n";
   std::cout << std::left << std::setw(17) << "precision" << std::right << std::setw(11) << "final loss" << std::setw(10)
             << "accuracy" << std::setw(9) << "steps/s" << std::setw(10) << "speedup" << std::setw(13) << "peak memory"
             << std::setw(9) << "skipped" << std::setw(12) << "loss scale" << "\n";
   std::cout << std::string(91, '-') << "\n";
+  std::ostringstream notes;
+  bool any_diverged = false;
   for (const auto& r : rows) {
-    std::ostringstream speed;
-    if (base > 0)
-      speed << std::fixed << std::setprecision(2) << r.steps_per_s / base << "x";
-    else
-      speed << "n/a";
-    std::ostringstream mem;
+    if (!r.error.empty()) {
+      std::cout << std::left << std::setw(17) << r.name << std::right << std::setw(11) << "failed" << std::setw(10) << "-"
+                << std::setw(9) << "-" << std::setw(10) << "-" << std::setw(13) << "-" << std::setw(9) << "-"
+                << std::setw(12) << "-" << "\n";
+      notes << "(failed: " << r.name << ": " << r.error << ")\n";
+      continue;
+    }
+    any_diverged = any_diverged || r.diverged;
+    if (r.eps != 1e-8) notes << "(" << r.name << ": AdamW eps " << r.eps << ", since torch's 1e-8 is 0 in fp16)\n";
+    std::ostringstream loss, acc, speed, mem, scale;
+    if (r.diverged) {
+      loss << "diverged";
+      acc << "-";
+      speed << "-";
+    } else {
+      loss << std::fixed << std::setprecision(4) << r.final_loss;
+      acc << std::fixed << std::setprecision(1) << 100.0 * r.accuracy << "%";
+      if (base)
+        speed << std::fixed << std::setprecision(2) << r.steps_per_s / base->steps_per_s << "x";
+      else
+        speed << "n/a";
+    }
     mem << std::fixed << std::setprecision(0) << r.peak_mib << " MiB";
-    std::ostringstream scale;
     if (r.scaled)
       scale << r.scale;
     else
       scale << "-";
-    std::cout << std::left << std::setw(17) << r.name << std::right << std::fixed << std::setprecision(4) << std::setw(11)
-              << r.final_loss << std::setw(9) << std::setprecision(1) << 100.0 * r.accuracy << "%" << std::setw(9)
-              << std::setprecision(2) << r.steps_per_s << std::setw(10) << speed.str() << std::setw(13) << mem.str()
-              << std::setw(9) << r.skipped << std::setw(12) << scale.str() << "\n";
+    std::cout << std::left << std::setw(17) << r.name << std::right << std::setw(11) << loss.str() << std::setw(10)
+              << acc.str() << std::setw(9) << std::fixed << std::setprecision(2) << r.steps_per_s << std::setw(10)
+              << speed.str() << std::setw(13) << mem.str() << std::setw(9) << r.skipped << std::setw(12) << scale.str()
+              << "\n";
   }
-  std::cout << "(speedup: steps/s relative to 32-true in this run; peak memory: "
-            << (device == "cuda" ? "CUDA allocator peak" : "process peak RSS during the run") << ")\n";
+  std::cout << "(steps/s: " << cfg.steps << " timed steps after " << cfg.warmup << " untimed warm-up steps"
+            << (cfg.device == "cuda" ? ", CUDA synchronized around the timing" : "") << "; speedup: "
+            << (base ? "steps/s relative to 32-true in this run" : "n/a, 32-true did not run or diverged")
+            << "; peak memory: "
+            << (cfg.device == "cuda" ? "CUDA allocator peak, the training batches on the device included"
+                                     : "process peak RSS during the run")
+            << ")\n";
+  if (any_diverged)
+    std::cout << "(diverged: NaN/inf in the last 10 losses or in the weights; its loss, accuracy and speedup mean "
+                 "nothing, and it is never the speed baseline)\n";
+  std::cout << notes.str();
 }
 
 void write_csv(const std::vector<Row>& rows, const std::string& path) {
@@ -203,37 +282,116 @@ void write_csv(const std::vector<Row>& rows, const std::string& path) {
   std::cout << "per-step metrics: " << path << "\n";
 }
 
-// Renders the CSV with gnuplot: loss per policy (log scale), and the loss
-// scale of scaled policies when any ran.
-void write_plot(const std::vector<Row>& rows, const std::string& csv, const std::string& png) {
+// out/sweep.csv -> out/sweep.summary.csv
+std::string summary_path(const std::string& csv) {
+  const std::string ext = ".csv";
+  const bool has_ext = csv.size() > ext.size() && csv.compare(csv.size() - ext.size(), ext.size(), ext) == 0;
+  return (has_ext ? csv.substr(0, csv.size() - ext.size()) : csv) + ".summary.csv";
+}
+
+// One line per policy; speedup is empty where there is no baseline or the run diverged.
+void write_summary(const std::vector<Row>& rows, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("amp: cannot write summary file " + path);
+  const Row* base = baseline(rows);
+  out << "precision,final_loss,accuracy,steps_per_s,speedup,peak_mib,skipped,scale,diverged\n";
+  for (const auto& r : rows) {
+    out << r.name << "," << r.final_loss << "," << r.accuracy << "," << r.steps_per_s << ",";
+    if (base && !r.diverged) out << r.steps_per_s / base->steps_per_s;
+    out << "," << r.peak_mib << "," << r.skipped << "," << r.scale << "," << (r.diverged ? 1 : 0) << "\n";
+  }
+  std::cout << "per-policy summary: " << path << "\n";
+}
+
+// Renders both CSVs with gnuplot: (a) loss per step and (b) loss per
+// cumulative wall-clock second of the timed steps, both log scale; (c) steps/s
+// and (d) peak memory per policy; (e) the loss scale, when a scaled policy ran.
+void write_plot(const std::vector<Row>& rows, const Config& cfg, const std::string& summary) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
     std::cerr << "gnuplot not found (apt-get install gnuplot-nox); no plot written\n";
     return;
   }
   bool any_scaled = false;
   for (const auto& r : rows) any_scaled = any_scaled || r.scaled;
+  const std::string& csv = cfg.csv;
+  const std::string& png = cfg.plot;
   const std::string script_path = png + ".gp";
   std::ofstream gp(script_path);
-  gp << "set datafile separator ','\nset terminal pngcairo size 1000," << (any_scaled ? 800 : 500)
-     << " noenhanced\nset output '" << png << "'\n";
-  if (any_scaled) gp << "set multiplot layout 2,1\n";
-  gp << "set title 'amp precision sweep: training loss'\nset xlabel 'optimizer step'\nset ylabel 'loss'\n"
-        "set logscale y\nset key outside right\nset grid\nplot ";
+  gp << "set datafile separator ','\nset key autotitle columnhead\n"
+     << "set terminal pngcairo size 1200," << (any_scaled ? 1150 : 820) << " noenhanced font ',10'\n"
+     << "set output '" << png << "'\n"
+     << "set multiplot title 'amp precision sweep on " << cfg.device << ": MLP " << Task::kIn << "-" << cfg.hidden << "-"
+     << cfg.hidden << "-" << Task::kClasses << ", batch " << cfg.batch_size << ", " << cfg.steps
+     << " timed steps after " << cfg.warmup << " warm-up steps per policy'\n"
+     << "set grid\n";
+  // Panels in rows under the title band; the loss-scale row is the lowest.
+  const std::vector<double> heights = any_scaled ? std::vector<double>{0.37, 0.35, 0.24} : std::vector<double>{0.48, 0.48};
+  auto place = [&](double x, size_t row, double w) {
+    double y = 0.96;
+    for (size_t i = 0; i <= row; ++i) y -= heights[i];
+    gp << "set origin " << x << "," << y << "\nset size " << w << "," << heights[row] << "\n";
+  };
+  auto title_of = [](const Row& r) { return r.name + (r.diverged ? " (diverged)" : ""); };
+  auto style_of = [](size_t i, const Row& r) {
+    return " lt " + std::to_string(i + 1) + (r.diverged ? " dt 2" : "") + " lw 1.5";
+  };
+  auto is = [&](const Row& r) { return "strcol(1) eq '" + r.name + "'"; };
+
+  // (a) and (b): the loss curves, against the step and against the clock.
+  gp << "set logscale y\nset autoscale yfix\nset key top right opaque box\nset ylabel 'training loss (log)'\nset ytics (";
+  for (int e = -4; e <= 2; ++e)  // several tics per decade: a short loss range still gets some
+    for (double m : {1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0}) gp << (e == -4 && m == 1.0 ? "" : ", ") << m * std::pow(10.0, e);
+  gp << ")\n";
+  place(0, 0, 0.5);
+  gp << "set title '(a) loss per optimizer step: what a step learns'\nset xlabel 'optimizer step'\nplot ";
   for (size_t i = 0; i < rows.size(); ++i)
-    gp << (i ? ", " : "") << "'" << csv << "' using 2:(strcol(1) eq '" << rows[i].name << "' ? $4 : 1/0) with lines lw 2 title '"
-       << rows[i].name << "'";
+    gp << (i ? ", " : "") << "'" << csv << "' using 2:(" << is(rows[i]) << " ? $4 : 1/0) with lines" << style_of(i, rows[i])
+       << " title '" << title_of(rows[i]) << "'";
   gp << "\n";
+  place(0.5, 0, 0.5);
+  for (size_t i = 0; i < rows.size(); ++i) gp << "t" << i << " = 0\n";  // cumulative seconds per policy
+  gp << "set title '(b) loss per wall-clock second (faster policies get there sooner)'\n"
+        "set xlabel 'seconds (cumulative, timed steps only)'\nplot ";
+  for (size_t i = 0; i < rows.size(); ++i)
+    gp << (i ? ", " : "") << "'" << csv << "' using (" << is(rows[i]) << " ? (t" << i << " = t" << i << " + $7) : 1/0):4 with lines"
+       << style_of(i, rows[i]) << " title '" << title_of(rows[i]) << "'";
+  gp << "\n";
+
+  // (c) and (d): one bar per policy, coloured like its curve, labelled with its value.
+  gp << "unset logscale y\nset ytics autofreq\nset autoscale y\nset yrange [0:*]\nset offsets 0, 0, graph 0.2, 0\nunset key\n"
+        "set style fill solid 0.6 border -1\nset xlabel ''\nset xrange [-0.6:" << rows.size() - 0.4 << "]\n"
+        "set grid noxtics\n"
+     << (rows.size() > 4 ? "set xtics rotate by 25 right\n" : "");
+  const std::string xtic = "xtic($9 > 0 ? strcol(1).' (diverged)' : strcol(1))";
+  place(0, 1, 0.5);
+  gp << "set title '(c) throughput" << (baseline(rows) ? " (under each value: speedup vs 32-true)" : "") << "'\n"
+     << "set ylabel 'steps/s'\n"
+     << "plot '" << summary << "' using 0:4:(0.6):($0 + 1):" << xtic << " with boxes lc variable, "
+     << "'' using 0:4:(valid(5) ? sprintf(\"%.3g\\n%.2fx\", $4, $5) : sprintf('%.3g', $4)) with labels offset 0,"
+     << (baseline(rows) ? "1.8" : "0.8") << "\n";
+  place(0.5, 1, 0.5);
+  gp << "set title '(d) peak memory (" << (cfg.device == "cuda" ? "CUDA allocator, training batches included" : "process RSS")
+     << ")'\n"
+     << "set ylabel 'MiB'\n"
+     << "plot '" << summary << "' using 0:6:(0.6):($0 + 1):" << xtic << " with boxes lc variable, "
+     << "'' using 0:6:(sprintf('%.0f', $6)) with labels offset 0,0.8\n";
+
+  // (e): the loss scale of scaled policies.
   if (any_scaled) {
-    gp << "set title 'loss scale (scaled policies)'\nset ylabel 'scale'\nset logscale y 2\nplot ";
+    gp << "unset offsets\nset autoscale\nset grid xtics ytics\nset xtics autofreq norotate\nset logscale y 2\n"
+          "set key top right opaque box\nset xlabel 'optimizer step'\nset ylabel 'loss scale (log2)'\n";
+    place(0, 2, 1.0);
+    gp << "set title '(e) loss scale (scaled policies; each drop is a skipped step)'\nplot ";
     bool first = true;
-    for (const auto& r : rows)
-      if (r.scaled) {
-        gp << (first ? "" : ", ") << "'" << csv << "' using 2:(strcol(1) eq '" << r.name << "' ? $5 : 1/0) with steps lw 2 title '"
-           << r.name << "'";
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i].scaled) {
+        gp << (first ? "" : ", ") << "'" << csv << "' using 2:(" << is(rows[i]) << " ? $5 : 1/0) with steps"
+           << style_of(i, rows[i]) << " title '" << title_of(rows[i]) << "'";
         first = false;
       }
-    gp << "\nunset multiplot\n";
+    gp << "\n";
   }
+  gp << "unset multiplot\n";
   gp.close();
   // pngcairo is in gnuplot-nox's build; fall back to the plain png terminal.
   std::string cmd = "gnuplot '" + script_path + "' 2>/dev/null";
@@ -247,6 +405,21 @@ void write_plot(const std::vector<Row>& rows, const std::string& csv, const std:
   std::cout << "plot: " << png << "\n";
 }
 
+// A policy that throws becomes a failed row; the others still run.
+template <class P, class Device>
+Row try_policy(const Config& cfg, const Task& task, torch::Device device) {
+  try {
+    return run_policy<P, Device>(cfg, task, device);
+  } catch (const std::exception& e) {
+    Row row;
+    row.name = amp::policy_traits<P>::name;
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    row.error = c10_error ? c10_error->what_without_backtrace() : e.what();
+    std::cerr << row.name << " failed: " << row.error << "\n";
+    return row;
+  }
+}
+
 template <class Device>
 std::vector<Row> sweep(const Config& cfg, const Task& task, torch::Device device) {
   std::vector<Row> rows;
@@ -254,11 +427,11 @@ std::vector<Row> sweep(const Config& cfg, const Task& task, torch::Device device
     amp::for_each_policy(amp::supported_policies<Device>, [&](auto p) {
       using P = typename decltype(p)::type;
       std::cerr << "== " << amp::policy_traits<P>::name << "\n";
-      rows.push_back(run_policy<P, Device>(cfg, task, device));
+      rows.push_back(try_policy<P, Device>(cfg, task, device));
     });
   } else {
     rows.push_back(amp::dispatch_precision<Device>(cfg.precision, [&](auto p) {
-      return run_policy<typename decltype(p)::type, Device>(cfg, task, device);
+      return try_policy<typename decltype(p)::type, Device>(cfg, task, device);
     }));
   }
   return rows;
@@ -274,19 +447,32 @@ int main(int argc, char** argv) {
   amp::for_each_policy([&](auto p) { valid += std::string(valid.empty() ? "" : ", ") + amp::policy_traits<typename decltype(p)::type>::name; });
   app.add_option("--precision", cfg.precision, "run one policy by its precision string (" + valid + "; legacy 64, 32, 16, bf16)");
   app.add_option("--device", cfg.device, "cpu or cuda (default: cuda when available)")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--steps", cfg.steps, "optimizer steps per policy")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", cfg.batch_size, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--hidden", cfg.hidden, "hidden width of the MLP")->check(CLI::PositiveNumber);
+  app.add_option("--steps", cfg.steps, "timed optimizer steps per policy")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", cfg.warmup, "untimed warm-up steps per policy, on a throwaway model (default 5)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  auto* batch_opt = app.add_option("--batch-size", cfg.batch_size, "batch size (default: 256 on CPU, 4096 on CUDA)")
+                        ->check(CLI::PositiveNumber);
+  auto* hidden_opt = app.add_option("--hidden", cfg.hidden, "hidden width of the MLP (default: 1024 on CPU, 4096 on CUDA)")
+                         ->check(CLI::PositiveNumber);
   app.add_option("--seed", cfg.seed, "seed of the data and of the initial weights");
-  app.add_option("--csv", cfg.csv, "write per-step metrics (precision,step,epoch,loss,scale,skipped,seconds) here");
-  app.add_option("--plot", cfg.plot, "render loss (and loss-scale) curves to this PNG with gnuplot (needs --csv)");
+  app.add_option("--csv", cfg.csv,
+                 "write per-step metrics (precision,step,epoch,loss,scale,skipped,seconds) here, and per-policy results "
+                 "next to it (sweep.csv -> sweep.summary.csv)");
+  app.add_option("--plot", cfg.plot, "render loss, throughput, memory and loss-scale panels to this PNG with gnuplot");
   CLI11_PARSE(app, argc, argv);
+  // On CUDA a model big enough for tensor cores to show (on an H100 a batch of
+  // 1024 is still bound by launches and per-step syncs), unless the user chose.
+  if (cfg.device == "cuda") {
+    if (batch_opt->count() == 0) cfg.batch_size = 4096;
+    if (hidden_opt->count() == 0) cfg.hidden = 4096;
+  }
 
   try {
     if (!cfg.plot.empty() && cfg.csv.empty()) cfg.csv = cfg.plot + ".csv";
-    // Enough data that each sample is seen about once: the accuracy measures
-    // learning, not memorisation (capped to keep the demo's memory small).
-    const int64_t n_train = std::min<int64_t>(cfg.batch_size * cfg.steps, 65536);
+    // Enough data that each sample is seen once or a few times: the accuracy
+    // measures learning, not memorisation (capped to keep the demo's memory
+    // small: 38400 samples by default on CPU, 262144 on CUDA).
+    const int64_t n_train = std::max(cfg.batch_size, std::min<int64_t>(cfg.batch_size * cfg.steps, 262144));
     Task task(n_train, 2048, static_cast<uint64_t>(cfg.seed));
     std::vector<Row> rows;
     if (cfg.device == "cuda") {
@@ -298,9 +484,16 @@ int main(int argc, char** argv) {
     } else {
       rows = sweep<amp::CPU>(cfg, task, torch::Device(torch::kCPU));
     }
-    print_table(rows, cfg.device);
-    if (!cfg.csv.empty()) write_csv(rows, cfg.csv);
-    if (!cfg.plot.empty()) write_plot(rows, cfg.csv, cfg.plot);
+    print_table(rows, cfg);
+    std::vector<Row> ran;
+    for (auto& r : rows)
+      if (r.error.empty()) ran.push_back(std::move(r));
+    if (!cfg.csv.empty()) {
+      write_csv(ran, cfg.csv);
+      write_summary(ran, summary_path(cfg.csv));
+    }
+    if (!cfg.plot.empty() && !ran.empty()) write_plot(ran, cfg, summary_path(cfg.csv));
+    if (ran.size() != rows.size()) return 1;  // a policy failed: the table says which and why
   } catch (const c10::Error& e) {
     std::cerr << e.what_without_backtrace() << "\n";
     return 2;
