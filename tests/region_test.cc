@@ -401,29 +401,49 @@ TEST_F(RegionTest, Fp16CudaOpsRunInFp16) {
 // settable without a GPU; they are process-wide).
 // ---------------------------------------------------------------------------
 namespace tf32_test {
+// What AllowTF32 saves: up to LibTorch 2.8 the fp32 matmul precision (so
+// "medium" too), from 2.9 the cuBLAS/cuDNN booleans (compat.h).
 struct Flags {
   bool cublas, cudnn;
+#if !AMP_DETAIL_FP32_PRECISION_API
   at::Float32MatmulPrecision precision;
+#endif
   bool operator==(const Flags& o) const {
-    return cublas == o.cublas && cudnn == o.cudnn && precision == o.precision;
+#if !AMP_DETAIL_FP32_PRECISION_API
+    if (precision != o.precision) return false;
+#endif
+    return cublas == o.cublas && cudnn == o.cudnn;
   }
 };
 Flags read_flags() {
   auto& ctx = at::globalContext();
+#if AMP_DETAIL_FP32_PRECISION_API
+  return {ctx.allowTF32CuBLAS(), ctx.allowTF32CuDNN()};
+#else
   return {ctx.allowTF32CuBLAS(), ctx.allowTF32CuDNN(), ctx.float32MatmulPrecision()};
+#endif
+}
+// The starting states: every matmul precision where it is saved, else both booleans.
+void set_start(int which, bool cudnn) {
+  auto& ctx = at::globalContext();
+#if AMP_DETAIL_FP32_PRECISION_API
+  ctx.setAllowTF32CuBLAS(which != 0);
+#else
+  const at::Float32MatmulPrecision p[] = {at::Float32MatmulPrecision::HIGHEST, at::Float32MatmulPrecision::HIGH,
+                                          at::Float32MatmulPrecision::MEDIUM};
+  ctx.setFloat32MatmulPrecision(amp::detail::compat::float32_matmul_precision_name(p[which]));
+#endif
+  ctx.setAllowTF32CuDNN(cudnn);
 }
 }  // namespace tf32_test
 
 TEST(Tf32Region, TurnsTf32OnAndRestoresExactlyWhatItFound) {
   using tf32_test::read_flags;
   auto& ctx = at::globalContext();
-  const auto original = read_flags();
-  // Every starting state, "medium" matmul precision included, comes back as it was.
-  for (auto precision : {at::Float32MatmulPrecision::HIGHEST, at::Float32MatmulPrecision::HIGH,
-                         at::Float32MatmulPrecision::MEDIUM}) {
+  const bool cublas0 = ctx.allowTF32CuBLAS(), cudnn0 = ctx.allowTF32CuDNN();
+  for (int which = 0; which < 3; ++which) {
     for (bool cudnn : {false, true}) {
-      ctx.setFloat32MatmulPrecision(amp::detail::compat::float32_matmul_precision_name(precision));
-      ctx.setAllowTF32CuDNN(cudnn);
+      tf32_test::set_start(which, cudnn);
       const auto before = read_flags();
       {
         amp::Region<amp::True<amp::tf32>, amp::CUDA> region;
@@ -436,11 +456,11 @@ TEST(Tf32Region, TurnsTf32OnAndRestoresExactlyWhatItFound) {
         EXPECT_TRUE(ctx.allowTF32CuBLAS());
         EXPECT_TRUE(ctx.allowTF32CuDNN());
       }
-      EXPECT_TRUE(read_flags() == before);
+      EXPECT_TRUE(read_flags() == before) << "start " << which << ", cudnn " << cudnn;
     }
   }
-  ctx.setFloat32MatmulPrecision(amp::detail::compat::float32_matmul_precision_name(original.precision));
-  ctx.setAllowTF32CuDNN(original.cudnn);
+  ctx.setAllowTF32CuBLAS(cublas0);
+  ctx.setAllowTF32CuDNN(cudnn0);
 }
 
 TEST(Tf32Region, Fp32RegionLeavesTf32Alone) {

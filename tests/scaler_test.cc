@@ -427,7 +427,8 @@ TEST(DynamicScaler, Bf16GradientsUnscaleInFp32LikeTheKernel) {
   scaler.unscale_(optimizer);
   const torch::Tensor inv = torch::full({}, 3.0f).to(torch::kDouble).reciprocal().to(torch::kFloat);
   EXPECT_TRUE(torch::equal(p.grad(), (g.to(torch::kFloat) * inv).to(torch::kBFloat16)));
-  EXPECT_FALSE(torch::equal(p.grad(), g * inv));  // the naive bf16 product differs
+  // (LibTorch 1.13's bf16 `g * inv` rounds inv to bf16 first and differs;
+  // 2.x computes it in fp32 too, so the two agree there.)
 }
 
 TEST(DynamicScaler, SparseGradientsLikeTorch) {

@@ -12,15 +12,18 @@
 #pragma once
 
 #include <torch/arg.h>
-#include <torch/types.h>  // clip_grad.h of 1.13 uses torch::stack etc. without including it
-#include <torch/nn/utils/clip_grad.h>
+#include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
+#include <cmath>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "amp/optim/fused.h"
 #include "amp/scaler/scaler_traits.h"
 
 namespace amp {
@@ -33,6 +36,25 @@ struct StepperOptions {
   TORCH_ARG(double, norm_type) = 2.0;
   // Micro-batches per optimizer step; each micro-batch's loss is divided by it.
   TORCH_ARG(int64_t, accumulation_steps) = 1;
+  // Use ATen's fused optimizer kernels (optim/fused.h) where they serve the
+  // optimizer: no host sync per step. false: the optimizer's own step().
+  TORCH_ARG(bool, fused) = true;
+};
+
+// A hook around the backward pass for training on more than one process
+// (amp/distributed.h implements it with c10d): the Stepper calls
+// begin_backward(boundary) before each micro-batch's backward (boundary:
+// this micro-batch ends an accumulation cycle, so gradients are averaged
+// across processes; otherwise they only accumulate locally, DDP's no_sync),
+// and finish_backward() after the boundary backward, before unscale/clip/step:
+// it waits until every gradient holds the average over all processes. Since
+// every process then unscales and checks the same gradients, they all make
+// the same skip decision and keep the same scale.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual void begin_backward(bool boundary) = 0;
+  virtual void finish_backward() = 0;
 };
 
 namespace detail {
@@ -42,6 +64,39 @@ inline void validate(const StepperOptions& o) {
   TORCH_CHECK(o.norm_type() > 0.0, "amp: norm_type must be > 0 (2 for the L2 norm), got ", o.norm_type());
   TORCH_CHECK(o.accumulation_steps() >= 1, "amp: accumulation_steps must be >= 1, got ", o.accumulation_steps());
 }
+
+// torch's clip_grad_norm_ (LibTorch's C++ one, op for op, so the gradients
+// are bitwise the same) without its final item(): the total norm stays a
+// tensor and nothing waits for the device.
+inline at::Tensor clip_grad_norm_no_sync(const std::vector<at::Tensor>& params, double max_norm, double norm_type) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return at::Tensor();
+  at::NoGradGuard no_grad;
+  at::Tensor total;
+  std::vector<at::Tensor> norms;
+  norms.reserve(grads.size());
+  if (std::isinf(norm_type)) {
+    for (const auto& g : grads) norms.push_back(g.abs().max());
+    total = norms.size() == 1 ? norms[0] : at::max(at::stack(norms));
+  } else if (norm_type == 0) {
+    total = at::full({}, static_cast<double>(grads.size()));
+  } else {
+    for (const auto& g : grads) norms.push_back(g.norm(norm_type));
+    total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(norm_type);
+  }
+  const at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+  for (auto& g : grads) g.mul_(coef);
+  return total;
+}
+
+template <class S, class = void>
+struct has_fused_step : std::false_type {};
+template <class S>
+struct has_fused_step<S, std::void_t<decltype(std::declval<S&>().step(std::declval<torch::optim::Optimizer&>(),
+                                                                       std::declval<FusedStep&>()))>>
+    : std::true_type {};
 
 template <class S, class = void>
 struct has_found_inf : std::false_type {};
@@ -72,6 +127,15 @@ class Stepper {
   explicit Stepper(torch::optim::Optimizer& optimizer, StepperOptions options = {}, Scaler scaler = Scaler())
       : optimizer_(&optimizer), options_(std::move(options)), scaler_(std::move(scaler)) {
     detail::validate(options_);
+    // The fused path: where a fused kernel serves the optimizer on its
+    // parameters' device, and the scaler can drive it (or does not scale).
+    if (options_.fused() && (!uses_loss_scaling_v<Scaler> || detail::has_fused_step<Scaler>::value)) {
+      const auto& groups = optimizer.param_groups();
+      if (!groups.empty() && !groups.front().params().empty() &&
+          fused_kind(optimizer, groups.front().params().front().device().type()) != FusedKind::kNone) {
+        fused_.emplace(optimizer);
+      }
+    }
   }
 
   // One micro-batch: backward of the (scaled, accumulation-divided) loss; at
@@ -91,9 +155,12 @@ class Stepper {
     }
     const at::Tensor detached = loss.detach();
     loss_sum_ = loss_sum_.defined() ? loss_sum_ + detached : detached.clone();
+    const bool boundary = micro_ + 1 == n;
+    if (sync_ != nullptr) sync_->begin_backward(boundary);
     scaler_.scale(n > 1 ? loss / static_cast<double>(n) : loss).backward();
-    if (++micro_ < n) return StepResult{detached, at::Tensor(), false};
+    if (!boundary) return ++micro_, StepResult{detached, at::Tensor(), false};
     micro_ = 0;
+    if (sync_ != nullptr) sync_->finish_backward();
     return finish_step(n > 1 ? loss_sum_ / static_cast<double>(n) : loss_sum_);
   }
 
@@ -104,7 +171,15 @@ class Stepper {
       scaler_.unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
       clip();
     }
-    scaler_.step(*optimizer_);
+    if (fused_) {
+      if constexpr (detail::has_fused_step<Scaler>::value) {
+        scaler_.step(*optimizer_, *fused_);
+      } else {
+        fused_->step();
+      }
+    } else {
+      scaler_.step(*optimizer_);
+    }
     at::Tensor found_inf;
     if constexpr (detail::has_found_inf<Scaler>::value) found_inf = scaler_.found_inf();
     scaler_.update();
@@ -138,6 +213,27 @@ class Stepper {
     return StepResult{last, at::Tensor(), true};
   }
 
+  // Whether steps take the fused, sync-free path; and which path, in words.
+  bool fused() const { return fused_.has_value(); }
+  std::string path() const {
+    if (!fused_) return "unfused (the optimizer's own step()" + std::string(uses_loss_scaling_v<Scaler> ? "; one host sync per step to decide a skip)" : ")");
+    return std::string("fused (") + detail::fused_kind_name(fused_->kind()) + " kernel, no host sync)";
+  }
+  // Brings the fused path's device step counters into optimizer.state() (a
+  // host sync): call before saving the optimizer. A no-op on the unfused path.
+  void sync_optimizer_state() const {
+    if (fused_) fused_->sync_to_optimizer();
+  }
+  // After optimizer.load(): the fused path rereads the optimizer's state.
+  void reload_optimizer_state() {
+    if (fused_) fused_->reload_from_optimizer();
+  }
+
+  // Installs (or, with nullptr, removes) the hook of multi-process training;
+  // not owned, it must outlive the Stepper's steps.
+  void set_gradient_sync(GradientSync* sync) { sync_ = sync; }
+  GradientSync* gradient_sync() const { return sync_; }
+
   Scaler& scaler() { return scaler_; }
   const Scaler& scaler() const { return scaler_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
@@ -158,11 +254,15 @@ class Stepper {
   }
 
  private:
-  void clip() { torch::nn::utils::clip_grad_norm_(gradients(), options_.max_grad_norm(), options_.norm_type()); }
+  void clip() { detail::clip_grad_norm_no_sync(gradients(), options_.max_grad_norm(), options_.norm_type()); }
 
   torch::optim::Optimizer* optimizer_;
   StepperOptions options_;
   Scaler scaler_;
+  // mutable: sync_optimizer_state() const (for Trainer::save() const) writes
+  // the device counters into the optimizer's state, which is not ours.
+  mutable std::optional<FusedStep> fused_;
+  GradientSync* sync_ = nullptr;
   int64_t micro_ = 0;
   int64_t steps_ = 0;
   at::Tensor loss_sum_;

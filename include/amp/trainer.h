@@ -62,6 +62,8 @@ struct TrainerOptions {
   double norm_type() const { return stepper_.norm_type(); }
   TrainerOptions& accumulation_steps(int64_t value) { return stepper_.accumulation_steps(value), *this; }
   int64_t accumulation_steps() const { return stepper_.accumulation_steps(); }
+  TrainerOptions& fused(bool value) { return stepper_.fused(value), *this; }
+  bool fused() const { return stepper_.fused(); }
 };
 
 struct FitOptions {
@@ -133,6 +135,55 @@ decltype(auto) as_range(L& loader) {
   }
 }
 
+template <class S, class = void>
+struct has_scale_async : std::false_type {};
+template <class S>
+struct has_scale_async<S, std::void_t<decltype(std::declval<const S&>().get_scale_async())>> : std::true_type {};
+
+// fit()'s metrics while they are still on the device: read in one batch.
+class PendingMetrics {
+ public:
+  void add(const StepMetrics& m, const StepResult& r, const at::Tensor& scale) {
+    metrics_.push_back(m);
+    // Copies: the scale is updated in place by the next step.
+    losses_.push_back(r.loss.detach().to(at::kDouble).reshape({}));
+    scales_.push_back(scale.to(at::kDouble).reshape({}));
+    found_.push_back(r.found_inf.defined() ? r.found_inf.to(at::kDouble).reshape({}) : at::zeros({}, at::kDouble));
+  }
+  size_t size() const { return metrics_.size(); }
+  // One device-to-host copy per device for all pending steps.
+  void flush(History& history, Progress& bar) {
+    if (metrics_.empty()) return;
+    const at::Tensor loss = host(losses_), scale = host(scales_), found = host(found_);
+    for (size_t i = 0; i < metrics_.size(); ++i) {
+      StepMetrics m = metrics_[i];
+      m.loss = loss.data_ptr<double>()[i];
+      m.scale = scale.data_ptr<double>()[i];
+      m.skipped = found.data_ptr<double>()[i] != 0.0;
+      history.steps.push_back(m);
+      bar.update(m.step, m.loss, m.scale, m.skipped);
+    }
+    metrics_.clear();
+    losses_.clear();
+    scales_.clear();
+    found_.clear();
+  }
+
+ private:
+  // Stacked on their device first, so one copy, not one per step.
+  static at::Tensor host(const std::vector<at::Tensor>& values) {
+    bool same_device = true;
+    for (const auto& v : values) same_device = same_device && v.device() == values.front().device();
+    if (same_device) return at::stack(values).cpu().contiguous();
+    std::vector<at::Tensor> on_cpu;
+    for (const auto& v : values) on_cpu.push_back(v.cpu());
+    return at::stack(on_cpu).contiguous();
+  }
+
+  std::vector<StepMetrics> metrics_;
+  std::vector<at::Tensor> losses_, scales_, found_;
+};
+
 }  // namespace detail
 
 template <class Policy, class Device = CUDA>
@@ -174,16 +225,21 @@ class Trainer {
 
   // Epochs over `loader` (a LibTorch DataLoader or any range of batches):
   // fn(region, batch) returns the loss. Returns the per-step metrics.
-  // Syncs once per optimizer step to read the loss and the scale.
+  // The step's loss, scale and skip flag stay on the device and are read in
+  // one batch every FitOptions::log_every steps (and at the end): one host
+  // sync per log_every steps, not per step; History still has every step.
   template <class Loader, class F>
   History fit(Loader&& loader, F&& fn, FitOptions fo = FitOptions()) {
     TORCH_CHECK(fo.epochs() >= 0, "amp: FitOptions::epochs must be >= 0, got ", fo.epochs());
+    TORCH_CHECK(fo.log_every() >= 1, "amp: FitOptions::log_every must be >= 1, got ", fo.log_every());
     TORCH_CHECK(fo.checkpoint_every() == 0 || !fo.checkpoint_path().empty(),
                 "amp: FitOptions::checkpoint_every is set but checkpoint_path is empty; set .checkpoint_path(\"ckpt.pt\")");
     auto&& range = detail::as_range(loader);
     History history;
-    int64_t total = fo.max_steps();
-    detail::Progress bar(options_.progress(), total, precision, fo.log_every());
+    detail::Progress bar(options_.progress(), fo.max_steps(), precision, fo.log_every());
+    bar.note(std::string("optimizer path: ") + optimizer_path());
+    detail::PendingMetrics pending;
+    auto flush = [&] { pending.flush(history, bar); };
     bool stop = fo.max_steps() >= 0 && steps() >= fo.max_steps();
     while (!stop && epoch_ < fo.epochs()) {
       int64_t batch_index = 0;
@@ -197,14 +253,11 @@ class Trainer {
         StepMetrics m;
         m.step = steps();
         m.epoch = epoch_;
-        m.loss = r.loss_value();
-        m.scale = scaler().get_scale();
-        m.skipped = r.skipped();
         auto now = std::chrono::steady_clock::now();
         m.seconds = std::chrono::duration<double>(now - start).count();
         start = now;
-        history.steps.push_back(m);
-        bar.update(m.step, m.loss, m.scale, m.skipped);
+        pending.add(m, r, scale_tensor());
+        if (static_cast<int64_t>(pending.size()) >= fo.log_every()) flush();
         if (fo.checkpoint_every() > 0 && steps() % fo.checkpoint_every() == 0) save(fo.checkpoint_path());
         if (fo.max_steps() >= 0 && steps() >= fo.max_steps()) {
           stop = true;
@@ -216,6 +269,7 @@ class Trainer {
         batch_in_epoch_ = 0;
       }
     }
+    flush();
     bar.finish();
     return history;
   }
@@ -227,6 +281,7 @@ class Trainer {
     TORCH_CHECK(stepper_.micro_step() == 0, "amp: save() was called in the middle of gradient accumulation (micro-batch ",
                 stepper_.micro_step(), " of ", stepper_.options().accumulation_steps(),
                 "); call it after the step that completes the accumulation");
+    stepper_.sync_optimizer_state();  // the fused path's device step counters, into optimizer.state()
     detail::write_checkpoint(path, precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
   }
 
@@ -237,6 +292,7 @@ class Trainer {
     torch::serialize::InputArchive archive = detail::open_checkpoint(path, parameter_device(), precision);
     // Snapshot, apply, and roll back on any failure.
     std::stringstream snapshot;
+    stepper_.sync_optimizer_state();
     detail::checkpoint_archive(precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler())
         .save_to(snapshot);
     try {
@@ -256,13 +312,34 @@ class Trainer {
   const scaler_type& scaler() const { return stepper_.scaler(); }
   torch::optim::Optimizer& optimizer() { return stepper_.optimizer(); }
   const TrainerOptions& options() const { return options_; }
+  // The step recipe after the forward (e.g. to install a GradientSync).
+  Stepper<scaler_type>& stepper() { return stepper_; }
+  const Stepper<scaler_type>& stepper() const { return stepper_; }
   int64_t steps() const { return stepper_.steps(); }
+  // Whether steps take the fused, sync-free optimizer path, and the path in words
+  // (TrainerOptions().fused(false) turns it off).
+  bool fused() const { return stepper_.fused(); }
+  std::string optimizer_path() const { return stepper_.path(); }
   int64_t epoch() const { return epoch_; }
 
  private:
+  // The scale as a tensor without a sync where the scaler has one (torch's
+  // _get_scale_async); else its get_scale() (a user-defined scaler).
+  at::Tensor scale_tensor() const {
+    if constexpr (detail::has_scale_async<scaler_type>::value) {
+      const at::Tensor t = stepper_.scaler().get_scale_async();
+      if (t.defined()) return t;
+    }
+    return at::full({}, stepper_.scaler().get_scale(), at::kDouble);
+  }
+
   CheckpointCounters counters() const { return CheckpointCounters{steps(), epoch_, batch_in_epoch_}; }
 
   void apply(torch::serialize::InputArchive& archive) {
+    struct Reload {  // whatever happens, the fused path rereads the optimizer's state
+      Stepper<scaler_type>& s;
+      ~Reload() { s.reload_optimizer_state(); }
+    } reload{stepper_};
     const CheckpointCounters c = detail::apply_checkpoint(archive, *module_, stepper_.optimizer(), stepper_.scaler());
     stepper_.set_steps(c.step);
     epoch_ = c.epoch;

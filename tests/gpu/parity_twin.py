@@ -3,8 +3,8 @@
     python3 parity_twin.py OUT_DIR     (after `parity OUT_DIR`)
 
 Runs the steps of tests/gpu/parity.cc with Python's torch.amp (autocast,
-GradScaler, torch.optim.Adam with foreach=False, the per-tensor loop LibTorch's
-C++ Adam is) and compares every step's loss and loss scale and the final
+GradScaler; SGD(foreach=False) for the hand recipe, the per-tensor loop LibTorch's
+C++ SGD is; Adam(fused=True) for the Trainer, whose CUDA path is the fused kernel) and compares every step's loss and loss scale and the final
 parameters with the C++ run bit for bit. Also writes a GradScaler state_dict
 with torch.save for the Python -> C++ direction. Exit 1 on any difference.
 """
@@ -24,6 +24,9 @@ def make_model():
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                             torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    with torch.no_grad():  # as parity.cc: explicit randn weights (module init differs between C++ and Python)
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape) * 0.05)
     return m.cuda()
 
 
@@ -36,7 +39,10 @@ def data():
 
 def run(name, dtype, scaled, x, y):
     model = make_model()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    if name.startswith("recipe"):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=False)
+    else:  # the Trainer takes the fused path on CUDA
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     scaler = torch.amp.GradScaler("cuda", init_scale=65536.0, growth_interval=20, enabled=scaled)
     rows = []
     for i in range(STEPS):
@@ -52,6 +58,10 @@ def run(name, dtype, scaled, x, y):
 
 def main(out):
     x, y = data()
+    m = make_model()
+    w = next(m.parameters())
+    print(f"python: inputs x.sum {x.sum().item():g} y.sum {y.sum().item()} w0[0,0] {w.view(-1)[0].item():g} "
+          f"w.sum {w.sum().item():g}")
     cpp = {}
     for line in open(f"{out}/cpp_steps.txt"):
         run_name, i, loss, scale = line.split()

@@ -45,6 +45,18 @@ inline constexpr bool kCpuHasFp16 = libtorch_at_least(2, 3);
 inline constexpr bool kDeviceGenericAutocastApi = AMP_DETAIL_DEVICE_GENERIC_AUTOCAST_API;
 static_assert(kDeviceGenericAutocastApi == libtorch_at_least(2, 4), "amp: compat.h's autocast API switch disagrees with version.h");
 
+// --- TF32 flags ----------------------------------------------------------------
+// Up to 2.8 the cuBLAS TF32 flag is derived from float32MatmulPrecision, which
+// is saved and restored as such. 2.9 added per-backend fp32_precision
+// settings; with them, reading float32MatmulPrecision() after a mix of old and
+// new setters throws (measured on 2.11), so from 2.9 amp saves and restores
+// the cuBLAS/cuDNN TF32 booleans only.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+#define AMP_DETAIL_FP32_PRECISION_API 1
+#else
+#define AMP_DETAIL_FP32_PRECISION_API 0
+#endif
+
 }  // namespace compat
 }  // namespace detail
 }  // namespace amp

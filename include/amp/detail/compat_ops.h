@@ -133,22 +133,33 @@ inline bool inside_autograd_backward() { return torch::autograd::get_current_gra
 // allowTF32CuBLAS() is derived from float32MatmulPrecision (HIGHEST = off) in
 // 1.13 and 2.x, so saving the precision (not the bool) restores "medium" too.
 struct Tf32Flags {
+#if AMP_DETAIL_FP32_PRECISION_API
+  bool cublas;
+#else
   at::Float32MatmulPrecision matmul;
+#endif
   bool cudnn;
 };
 inline Tf32Flags tf32_flags() {
+#if AMP_DETAIL_FP32_PRECISION_API
+  return {at::globalContext().allowTF32CuBLAS(), at::globalContext().allowTF32CuDNN()};
+#else
   return {at::globalContext().float32MatmulPrecision(), at::globalContext().allowTF32CuDNN()};
+#endif
 }
 inline void set_tf32(bool on) {
   at::globalContext().setAllowTF32CuBLAS(on);
   at::globalContext().setAllowTF32CuDNN(on);
 }
-// The string setter: 1.13 and 2.x have it; 2.11 dropped the enum overload.
 inline const char* float32_matmul_precision_name(at::Float32MatmulPrecision p) {
   return p == at::Float32MatmulPrecision::HIGHEST ? "highest" : p == at::Float32MatmulPrecision::HIGH ? "high" : "medium";
 }
 inline void restore_tf32_flags(const Tf32Flags& flags) {
+#if AMP_DETAIL_FP32_PRECISION_API
+  at::globalContext().setAllowTF32CuBLAS(flags.cublas);
+#else
   at::globalContext().setFloat32MatmulPrecision(float32_matmul_precision_name(flags.matmul));
+#endif
   at::globalContext().setAllowTF32CuDNN(flags.cudnn);
 }
 

@@ -37,6 +37,11 @@ class Progress {
     }
   }
 
+  // One line before the bar (e.g. which optimizer path a run takes).
+  void note(const std::string& text) {
+    if (enabled_) std::fprintf(stderr, "%s: %s\n", label_.c_str(), text.c_str());
+  }
+
   void finish() {
     if (!enabled_ || finished_ || done_ == 0) return;
     finished_ = true;

@@ -712,4 +712,11 @@ class FusedStep {
 };
 
 }  // namespace detail
+
+// Public: the fused step is an explicit choice for users of the hand-written
+// recipe (scaler.step(optimizer, fused)); Stepper and Trainer take it by themselves.
+using detail::fused_kind;
+using detail::FusedKind;
+using detail::FusedStep;
+
 }  // namespace amp

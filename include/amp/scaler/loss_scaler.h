@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "amp/optim/fused.h"
 #include "amp/scaler/detail/state_dict.h"
 #include "amp/scaler/detail/unscale.h"
 #include "amp/scaler/scaler_traits.h"
@@ -124,6 +125,40 @@ class LossScalerBase {
     state.stage = OptState::kStepped;
     return result;
   }
+
+  // The fused step, an explicit choice (never what step(optimizer) does):
+  // torch's GradScaler.step for an optimizer with _step_supports_amp_scaling
+  // (Adam/AdamW/SGD with fused=True). Without unscale_ the gradients are only
+  // checked (torch's _check_inf_per_device) and the kernel divides them by the
+  // scale; after unscale_ they are taken as they are. The kernel skips the
+  // update when a gradient was inf/NaN. No host sync at all.
+  void step(torch::optim::Optimizer& optimizer, FusedStep& fused) {
+    TORCH_CHECK(&fused.optimizer() == &optimizer,
+                "amp: step(optimizer, fused): `fused` was made for another optimizer; use FusedStep(optimizer)");
+    if (!enabled_) {
+      fused.step();
+      return;
+    }
+    check_scale_initialized("step");
+    PerOptimizerState& state = states_[&optimizer];
+    TORCH_CHECK(state.stage != OptState::kStepped, "step() has already been called since the last update().");
+    at::Tensor grad_scale;
+    if (state.stage == OptState::kReady) {
+      state.found_inf_per_device = unscale_grads(optimizer, at::ones({}, scale_.options()));
+      grad_scale = scale_;
+    }
+    TORCH_CHECK(!state.found_inf_per_device.empty(), "No inf checks were recorded for this optimizer.");
+    std::vector<at::Tensor> flags;
+    for (const auto& device_and_flag : state.found_inf_per_device)
+      flags.push_back(device_and_flag.second.to(scale_.device(), /*non_blocking=*/true));
+    fused.step(grad_scale, sum(flags));
+    state.stage = OptState::kStepped;
+  }
+
+  // torch's _get_scale_async: the scale tensor itself (fp32, 0-dim, updated
+  // in place by update()), no sync; undefined before the first scale() and
+  // when disabled.
+  at::Tensor get_scale_async() const { return enabled_ ? scale_ : at::Tensor(); }
 
   // The current scale (a host sync), init_scale before the first scale(), 1.0 when disabled.
   double get_scale() const {

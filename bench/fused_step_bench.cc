@@ -1,0 +1,155 @@
+// bench/fused_step_bench.cc: the Trainer's fused, sync-free step against its
+// unfused path (the optimizer's own step(); with a loss scaler, one host sync
+// per step), measured interleaved in one process.
+//
+//   bazel run -c opt //bench:fused_step_bench          (CPU: fused from LibTorch 2.4)
+//   build/fused_step_bench                             (CMake; CUDA cases where a GPU is visible)
+//
+// BM_CpuMlp: trainer_bench's MLP (512-2048-512, batch 512), bf16-mixed, Adam.
+// BM_CudaLaunchBound: 8 x Linear(256) + ReLU, batch 64, 16-mixed, Adam.
+// BM_CudaComputeBound: 4 transformer FFN blocks (d=2048, 4d hidden, GELU,
+// residual), 8192 tokens, bf16-mixed, Adam.
+// Counters: fused_steps_per_s, unfused_steps_per_s, speedup; on CUDA also
+// syncs_per_step of the fused path, counted with LibTorch's CUDA sync debug
+// mode. bench/fused_step_twin.py runs the CUDA models with Python's torch.amp
+// (Adam(fused=True) + GradScaler) on the same machine, for the ratio to Python.
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <amp/amp.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#ifdef AMP_LIBTORCH_HAS_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/Exception.h>
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct FfnBlockImpl : torch::nn::Module {
+  explicit FfnBlockImpl(int64_t d)
+      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        up(register_module("up", torch::nn::Linear(d, 4 * d))),
+        down(register_module("down", torch::nn::Linear(4 * d, d))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return x + down(torch::gelu(up(norm(x)))); }
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear up, down;
+};
+TORCH_MODULE(FfnBlock);
+
+torch::nn::Sequential launch_bound() {
+  torch::nn::Sequential m;
+  for (int i = 0; i < 8; ++i) {
+    m->push_back(torch::nn::Linear(256, 256));
+    m->push_back(torch::nn::ReLU());
+  }
+  return m;
+}
+torch::nn::Sequential compute_bound() {
+  torch::nn::Sequential m;
+  for (int i = 0; i < 4; ++i) m->push_back(FfnBlock(2048));
+  return m;
+}
+torch::nn::Sequential cpu_mlp() {
+  return torch::nn::Sequential(torch::nn::Linear(512, 2048), torch::nn::ReLU(), torch::nn::Linear(2048, 512));
+}
+
+#ifdef AMP_LIBTORCH_HAS_CUDA
+// Counts the warnings of LibTorch's CUDA sync debug mode (one per host sync).
+struct SyncCounter : c10::WarningHandler {
+  std::atomic<int64_t> syncs{0};
+  void process(const c10::Warning& w) override {
+    if (w.msg().find("synchroniz") != std::string::npos) ++syncs;
+  }
+};
+#endif
+
+// One Trainer of policy P on `device`, fused or not.
+template <class P, class Device>
+struct Setup {
+  torch::nn::Sequential model;
+  torch::optim::Adam opt;
+  amp::Trainer<P, Device> trainer;
+  Setup(torch::nn::Sequential (*make)(), torch::Device device, bool fused)
+      : model(seeded(make, device)),
+        opt(model->parameters(), torch::optim::AdamOptions(1e-4)),
+        trainer(model, opt, amp::TrainerOptions().progress(false).fused(fused)) {}
+  static torch::nn::Sequential seeded(torch::nn::Sequential (*make)(), torch::Device device) {
+    torch::manual_seed(0);
+    auto m = make();
+    m->to(device);
+    return m;
+  }
+  void step(const torch::Tensor& x, const torch::Tensor& y) {
+    trainer.step([&](auto&) { return torch::mse_loss(model->forward(x), y); });
+  }
+};
+
+template <class P, class Device>
+void run(benchmark::State& state, torch::nn::Sequential (*make)(), torch::Device device, int64_t rows, int64_t width,
+         int steps_per_round) {
+  Setup<P, Device> fused(make, device, true), unfused(make, device, false);
+  torch::manual_seed(1);
+  const auto x = torch::randn({rows, width}, device), y = torch::randn({rows, width}, device);
+  auto sync = [&] {
+#ifdef AMP_LIBTORCH_HAS_CUDA
+    if (device.is_cuda()) torch::cuda::synchronize();
+#endif
+  };
+  for (int i = 0; i < 5; ++i) fused.step(x, y), unfused.step(x, y);  // warm-up: allocator, cuBLAS, state
+  sync();
+  double fused_s = 0, unfused_s = 0;
+  int64_t steps = 0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < steps_per_round; ++i) fused.step(x, y);
+    sync();
+    auto t1 = Clock::now();
+    for (int i = 0; i < steps_per_round; ++i) unfused.step(x, y);
+    sync();
+    auto t2 = Clock::now();
+    fused_s += std::chrono::duration<double>(t1 - t0).count();
+    unfused_s += std::chrono::duration<double>(t2 - t1).count();
+    steps += steps_per_round;
+  }
+  state.counters["fused_steps_per_s"] = static_cast<double>(steps) / fused_s;
+  state.counters["unfused_steps_per_s"] = static_cast<double>(steps) / unfused_s;
+  state.counters["speedup"] = unfused_s / fused_s;
+  state.counters["fused_path"] = fused.trainer.fused() ? 1 : 0;
+#ifdef AMP_LIBTORCH_HAS_CUDA
+  if (device.is_cuda()) {
+    SyncCounter counter;
+    c10::WarningUtils::WarningHandlerGuard guard(&counter);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+    for (int i = 0; i < 20; ++i) fused.step(x, y);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    sync();
+    state.counters["fused_syncs_per_step"] = static_cast<double>(counter.syncs.load()) / 20.0;
+  }
+#endif
+}
+
+void BM_CpuMlp(benchmark::State& state) {
+  run<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>(state, cpu_mlp, torch::kCPU, 512, 512, 2);
+}
+
+void BM_CudaLaunchBound(benchmark::State& state) {
+  if (!torch::cuda::is_available()) return state.SkipWithError("no CUDA device");
+  run<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA>(state, launch_bound, torch::kCUDA, 64, 256, 200);
+}
+
+void BM_CudaComputeBound(benchmark::State& state) {
+  if (!torch::cuda::is_available()) return state.SkipWithError("no CUDA device");
+  run<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CUDA>(state, compute_bound, torch::kCUDA, 8192, 2048, 10);
+}
+
+}  // namespace
+
+BENCHMARK(BM_CpuMlp)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+BENCHMARK(BM_CudaLaunchBound)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+BENCHMARK(BM_CudaComputeBound)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
