@@ -21,6 +21,8 @@
 #include "amp/tf32.h"
 #include "amp/strict_casts.h"
 #include "amp/region.h"
+#include "amp/optim/fused.h"
 #include "amp/step.h"
 #include "amp/checkpoint.h"
+#include "amp/history.h"
 #include "amp/trainer.h"

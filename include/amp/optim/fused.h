@@ -1,339 +1,35 @@
-// amp/optim/fused.h: one step of a user's torch::optim::Adam, AdamW or SGD with
-// ATen's fused kernels, GradScaler's grad_scale/found_inf inside, no host sync.
+// amp/optim/fused.h: FusedStep, one step of a user's torch::optim::Adam, AdamW
+// or SGD with ATen's fused kernels, GradScaler's grad_scale/found_inf inside,
+// no host sync.
 //
 //   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
-//   amp::detail::FusedStep fused(optimizer);   // throws "amp: ..." where no fused kernel serves it
-//   fused.step(scale, found_inf);              // torch.optim.AdamW(fused=True).step() under GradScaler.step()
-//   fused.sync_to_optimizer();                 // before optimizer.save(): step counts to the host (a sync)
+//   amp::FusedStep fused(optimizer);      // throws "amp: ..." where no fused kernel serves it
+//   scaler.step(optimizer, fused);        // torch.optim.AdamW(fused=True) under GradScaler.step()
+//   fused.sync_to_optimizer();            // before optimizer.save(): step counts to the host (a sync)
 //   optimizer.load(archive);  fused.reload_from_optimizer();
 //
-// What Python does, and what is matched here argument for argument:
-// - torch/optim/adam.py _fused_adam (AdamW: adamw.py, the same with
-//   torch._fused_adamw_): per (device, dtype) group of one param group,
-//   torch._foreach_add_(state_steps, 1); torch._fused_adam_(params, grads,
-//   exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, amsgrad, lr, beta1,
-//   beta2, weight_decay, eps, maximize, grad_scale, found_inf); and, when
-//   found_inf is given, torch._foreach_sub_(state_steps, [found_inf] * n).
-//   The step counters are float32 tensors on the parameters' device (Python's
-//   state['step'] for fused); max_exp_avg_sqs is empty without amsgrad.
-//   LibTorch's Adam with weight_decay is Adam's L2 (grad += wd * param), which
-//   is _fused_adam_; AdamW is the decoupled one, _fused_adamw_. maximize is
-//   always false (LibTorch's options have none).
-// - torch/optim/sgd.py _fused_sgd: torch._fused_sgd_(params, grads,
-//   [] if momentum == 0 else momentum_buffers, weight_decay, momentum, lr,
-//   dampening, nesterov, maximize, is_first_step, grad_scale, found_inf), with
-//   is_first_step = "every momentum buffer of the group is None" and
-//   momentum != 0; the first step's buffers are new tensors that the kernel
-//   sets to the gradient (buf = grad, LibTorch's clone(d_p)).
-// - torch/amp/grad_scaler.py step() for an optimizer with
-//   _step_supports_amp_scaling: optimizer.grad_scale = the scale (the kernels
-//   divide the gradients by it, and write the unscaled gradients back), or
-//   None when unscale_ already ran; optimizer.found_inf = the per-device flags
-//   summed on the scale's device; the kernels then skip the whole update when
-//   *found_inf == 1. No item(), no host sync anywhere in the step.
-// - aten/src/ATen/native/FusedAdam.cpp, FusedSGD.cpp (CPU: `if (found_inf_ptr
-//   && *found_inf_ptr == 1.0) return;` before anything) and the CUDA functors
-//   (the same test in every block).
-//
-// Deliberate differences from Python, each because Python's behaviour is a bug
-// or has no LibTorch counterpart:
-// - found_inf is turned into a 0/1 flag (found_inf != 0) before use. Python
-//   passes the sum over devices, which a CPU kernel does not skip on when it
-//   is 2, and _foreach_sub_ then takes 2 off every step counter.
-// - SGD with momentum: Python decides is_first_step per param group ("all
-//   buffers None") and, when that first step is skipped (found_inf = 1), keeps
-//   the buffers it made with torch.empty_like: uninitialized memory that the
-//   next step multiplies by momentum. Here each parameter counts on its own
-//   (LibTorch's SGD makes a buffer per parameter when it has none): parameters
-//   without a buffer get a zero one and a first-step call; when found_inf was
-//   given, whether that call ran is known only on the device, so the buffer is
-//   "pending" with a device flag, and the next steps make two calls for it, a
-//   first-step one and a normal one, each skipped by a flag that lets exactly
-//   one of them run (or none, on inf). The result is exactly that of a run that
-//   never saw the skipped step. sync_to_optimizer() settles pending buffers (a
-//   buffer whose first step never ran is removed from the state, as if it had
-//   never been made). A pending group costs one more, skipped, kernel launch
-//   and a few 0-dim ops per step until then.
-// - A state entry that FusedStep made and whose step never ran (Adam/AdamW:
-//   device counter still 0) is removed by sync_to_optimizer(), so that the
-//   LibTorch state is exactly that of a run without the skipped steps (for
-//   LibTorch's Adam, step 0 with zero moments and no entry behave the same).
-//
-// State: FusedStep makes the state LibTorch's own first step would make, in the
-// optimizer's own map, so that optimizer.state() shows it and save() writes it:
-// AdamParamState / AdamWParamState with exp_avg, exp_avg_sq (and
-// max_exp_avg_sq with amsgrad) = zeros_like(param, MemoryFormat::Preserve)
-// (torch/csrc/api/src/optim/adam.cpp, adamw.cpp); SGDParamState with
-// momentum_buffer = the first step's d_p (sgd.cpp: clone(d_p), made here as a
-// zero tensor like the gradient that the kernel sets to d_p), only when
-// momentum != 0. Adam's step count, a host int64_t in LibTorch, lives on the
-// device between syncs:
-// - sync_to_optimizer() writes the device counters into the states' step()
-//   (one device-to-host copy per device, i.e. one sync) and settles pending
-//   SGD buffers. Call it before optimizer.save() or before the optimizer's
-//   own step(); until then the LibTorch state's step() is stale.
-// - reload_from_optimizer() forgets everything kept on the device and reads the
-//   states anew (counters from step()) at the next step: call it after
-//   optimizer.load(). step() also notices a state object that was replaced
-//   (load() makes new ones) or whose step() was changed by someone else, and
-//   rereads that one, so a fused checkpoint and an unfused one load into each
-//   other either way.
-//
-// Kernel availability per LibTorch version and device: compat.h's fused
-// section; the dispatcher is also asked whether the kernel is registered.
-// Requirements the CPU kernels do not check (they walk raw memory): every
-// parameter strided and non-overlapping-and-dense, its gradient and state of
-// the same dtype, device, sizes and strides. FusedStep checks these on every
-// step and throws "amp: ..." instead.
-//
-// Limits, as in Python: the step counters are float32, exact up to 2**24
-// steps; fp16/bf16 parameters are updated in float math inside the kernel but
-// stored in their dtype (no fp32 master copy).
+// Python's recipe, argument for argument (torch/optim/adam.py _fused_adam,
+// adamw.py, sgd.py _fused_sgd; grad_scaler.py step()): per (param group,
+// device, dtype) _foreach_add_(steps, 1), the kernel with grad_scale and
+// found_inf, _foreach_sub_(steps, found_inf); fp32 device step counters; the
+// state in the optimizer's own map, as LibTorch's first step makes it.
+// Differences from Python, sync rules and requirements: README, "The fused,
+// sync-free step", and optim/detail/fused_ops.h.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/DeviceType.h>
-#include <c10/util/Exception.h>
-#include <c10/util/Type.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
-#include <torch/optim/sgd.h>
 
-#include <cstddef>
 #include <cstdint>
-#include <memory>
-#include <string>
-#include <tuple>
-#include <type_traits>
-#include <typeinfo>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "amp/detail/compat.h"
+#include "amp/optim/detail/fused_ops.h"
 
 namespace amp {
 namespace detail {
-
-enum class FusedKind { kNone, kAdam, kAdamW, kSGD };
-
-inline const char* fused_kind_name(FusedKind kind) {
-  switch (kind) {
-    case FusedKind::kAdam:
-      return "Adam";
-    case FusedKind::kAdamW:
-      return "AdamW";
-    case FusedKind::kSGD:
-      return "SGD";
-    case FusedKind::kNone:
-      break;
-  }
-  return "none";
-}
-
-namespace fused {
-
-// The optimizer's own class (exactly: a subclass may override step()).
-inline FusedKind kind_of_class(const torch::optim::Optimizer& optimizer) {
-  const std::type_info& type = typeid(optimizer);
-  if (type == typeid(torch::optim::Adam)) return FusedKind::kAdam;
-  if (type == typeid(torch::optim::AdamW)) return FusedKind::kAdamW;
-  if (type == typeid(torch::optim::SGD)) return FusedKind::kSGD;
-  return FusedKind::kNone;
-}
-
-inline compat::FusedOp op_of(FusedKind kind) {
-  return kind == FusedKind::kAdam ? compat::FusedOp::kAdam
-                                  : kind == FusedKind::kAdamW ? compat::FusedOp::kAdamW : compat::FusedOp::kSgd;
-}
-
-// Whether the dispatcher has a kernel of the op for `device` (CPU and CUDA:
-// the only devices compat::has_fused_op admits).
-inline bool kernel_registered(compat::FusedOp op, c10::DeviceType device) {
-  const auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName(compat::fused_op_name(op), ""));
-  if (!handle) return false;
-  return handle->hasKernelForDispatchKey(device == c10::DeviceType::CUDA ? c10::DispatchKey::CUDA
-                                                                         : c10::DispatchKey::CPU);
-}
-
-inline bool dtype_supported(c10::ScalarType dtype) {
-  // AT_DISPATCH_FLOATING_TYPES_AND2(kHalf, kBFloat16, ...) in every fused kernel.
-  return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16;
-}
-
-// Why no fused kernel serves `optimizer` for its parameters on `device`, or
-// "" when one does. Sets *kind to the optimizer's kind either way.
-inline std::string unsupported_reason(const torch::optim::Optimizer& optimizer, c10::DeviceType device,
-                                      FusedKind* kind) {
-  *kind = kind_of_class(optimizer);
-  if (*kind == FusedKind::kNone) {
-    return "ATen has fused steps for torch::optim::Adam, AdamW and SGD only; this optimizer is a " +
-           c10::demangle(typeid(optimizer).name());
-  }
-  const compat::FusedOp op = op_of(*kind);
-  const std::string where = c10::DeviceTypeName(device);
-  const std::string version = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
-  if (!compat::has_fused_op(op, device)) {
-    const std::string since = compat::fused_op_since(op, device);
-    return "LibTorch " + version + " has no " + where + " kernel of " + compat::fused_op_name(op) +
-           (since.empty() ? std::string(" (amp uses the fused kernels on CPU and CUDA only)")
-                          : " (it comes with LibTorch " + since + ")");
-  }
-  if (!kernel_registered(op, device)) {
-    return std::string("this LibTorch build registers no ") + where + " kernel of " + compat::fused_op_name(op);
-  }
-  const auto& groups = optimizer.param_groups();
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const auto& params = groups[g].params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const at::Tensor& p = params[i];
-      if (p.device().type() != device) continue;
-      if (!dtype_supported(p.scalar_type())) {
-        return "parameter " + std::to_string(i) + " of param group " + std::to_string(g) + " has dtype " +
-               std::string(c10::toString(p.scalar_type())) +
-               "; the fused kernels take Float, Double, Half and BFloat16";
-      }
-      if (p.layout() != at::kStrided || !p.is_non_overlapping_and_dense()) {
-        return "parameter " + std::to_string(i) + " of param group " + std::to_string(g) +
-               " is not a dense strided tensor (the fused kernels walk its memory linearly)";
-      }
-    }
-  }
-  return "";
-}
-
-// A, AdamW, SGD hyperparameters of one param group, read as the LibTorch step reads them.
-struct AdamHyper {
-  double lr, beta1, beta2, eps, weight_decay;
-  bool amsgrad;
-};
-
-template <class Options>
-AdamHyper adam_hyper(const torch::optim::OptimizerOptions& options) {
-  const auto& o = static_cast<const Options&>(options);
-  return AdamHyper{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.amsgrad()};
-}
-
-// The per-device copies of grad_scale and found_inf for one step, made once
-// per device as Python's grad_scale_dict / found_inf_dict.
-class StepFlags {
- public:
-  StepFlags(const at::Tensor& grad_scale, const at::Tensor& found_inf)
-      : scale_(grad_scale), found_(found_inf.defined() ? found_inf.ne(0).to(at::kFloat) : at::Tensor()) {}
-
-  bool has_found() const { return found_.defined(); }
-
-  c10::optional<at::Tensor> scale(const c10::Device& device) { return on(scale_, scales_, device); }
-  c10::optional<at::Tensor> found(const c10::Device& device) { return on(found_, founds_, device); }
-  // 1 - found: 1 where the step runs.
-  at::Tensor not_found(const c10::Device& device) {
-    for (auto& e : not_founds_)
-      if (e.first == device) return e.second;
-    not_founds_.emplace_back(device, at::rsub(*found(device), 1));
-    return not_founds_.back().second;
-  }
-
- private:
-  using PerDevice = std::vector<std::pair<c10::Device, at::Tensor>>;
-  static c10::optional<at::Tensor> on(const at::Tensor& t, PerDevice& cache, const c10::Device& device) {
-    if (!t.defined()) return c10::nullopt;
-    for (auto& e : cache)
-      if (e.first == device) return e.second;
-    cache.emplace_back(device, t.to(t.options().device(device), /*non_blocking=*/true));
-    return cache.back().second;
-  }
-
-  at::Tensor scale_, found_;
-  PerDevice scales_, founds_, not_founds_;
-};
-
-// The tensors of one kernel call: parameters of one param group on one
-// device with one dtype (and, for SGD with momentum, one kind of buffer).
-struct Call {
-  c10::Device device;
-  c10::ScalarType dtype;
-  int first_step = 0;          // SGD: 0 normal call, 1 first-step call, 2 pending (both)
-  at::Tensor pending;          // SGD, first_step == 2: the buffers' flag (1 once their first step ran)
-  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, bufs;
-  std::vector<c10::TensorImpl*> impls;  // the parameters', to update their records
-};
-
-inline Call& call_for(std::vector<Call>& calls, const at::Tensor& p, int first_step = 0,
-                      const at::Tensor& pending = at::Tensor()) {
-  for (auto& c : calls) {
-    if (c.device == p.device() && c.dtype == p.scalar_type() && c.first_step == first_step &&
-        c.pending.unsafeGetTensorImpl() == pending.unsafeGetTensorImpl()) {
-      return c;
-    }
-  }
-  calls.push_back(Call{p.device(), p.scalar_type(), first_step, pending, {}, {}, {}, {}, {}, {}, {}, {}});
-  return calls.back();
-}
-
-static_assert(std::is_same_v<compat::OptimStateKey,
-                             typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type>,
-              "amp: compat.h's OptimStateKey is not the key of torch::optim::Optimizer::state()");
-
-template <class... T>
-void unused(const T&...) {}
-
-inline compat::OptimStateKey state_key(const at::Tensor& param) {
-  return compat::optim_state_key(param.unsafeGetTensorImpl());
-}
-
-// torch._fused_adam_ (adamw == false: weight decay is L2, added to the
-// gradient) or torch._fused_adamw_ (decoupled: param *= 1 - lr * weight_decay).
-inline void adam_(bool adamw, at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                  at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr,
-                  double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
-                  const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
-  if (!adamw) {
-    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                     weight_decay, eps, amsgrad, maximize, grad_scale, found_inf);
-    return;
-  }
-#if AMP_DETAIL_HAS_FUSED_ADAMW
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                    weight_decay, eps, amsgrad, maximize, grad_scale, found_inf);
-#else
-  unused(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay, eps,
-         amsgrad, maximize, grad_scale, found_inf);
-  TORCH_CHECK(false, "amp: internal error: this LibTorch has no _fused_adamw_");
-#endif
-}
-
-// torch._fused_sgd_.
-inline void sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double weight_decay,
-                 double momentum, double lr, double dampening, bool nesterov, bool maximize, bool is_first_step,
-                 const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
-#if AMP_DETAIL_HAS_FUSED_SGD
-  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov, maximize,
-                  is_first_step, grad_scale, found_inf);
-#else
-  unused(params, grads, momentum_buffers, weight_decay, momentum, lr, dampening, nesterov, maximize, is_first_step,
-         grad_scale, found_inf);
-  TORCH_CHECK(false, "amp: internal error: this LibTorch has no _fused_sgd_");
-#endif
-}
-
-inline bool same_layout(const at::Tensor& t, const at::Tensor& p) {
-  return t.defined() && t.layout() == at::kStrided && t.device() == p.device() &&
-         t.scalar_type() == p.scalar_type() && t.sizes() == p.sizes() && t.strides() == p.strides();
-}
-
-}  // namespace fused
-
-// Which fused kernel serves `optimizer` for parameters on `device`: kNone when
-// the optimizer is another class (exactly torch::optim::Adam, AdamW or SGD,
-// not a subclass), the LibTorch lacks the kernel on that device (compat.h; CPU
-// and CUDA only), or a parameter on that device has a dtype the kernels do not
-// take (Float, Double, Half, BFloat16) or is not dense and strided.
-inline FusedKind fused_kind(const torch::optim::Optimizer& optimizer, c10::DeviceType device) {
-  FusedKind kind = FusedKind::kNone;
-  return fused::unsupported_reason(optimizer, device, &kind).empty() ? kind : FusedKind::kNone;
-}
 
 class FusedStep {
  public:
@@ -367,8 +63,8 @@ class FusedStep {
   // may be on another device than the parameters (copied, non-blocking, once
   // per device). No host sync.
   void step(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
-    check_flag(grad_scale, "grad_scale");
-    check_flag(found_inf, "found_inf");
+    fused::check_flag(grad_scale, "grad_scale");
+    fused::check_flag(found_inf, "found_inf");
     at::NoGradGuard no_grad;
     // Everything is checked and gathered before the first kernel runs, so
     // that an error leaves the parameters as they were.
@@ -463,12 +159,6 @@ class FusedStep {
     at::Tensor pending;      // SGD: the buffer's flag while unknown whether its first step ran
   };
 
-  static void check_flag(const at::Tensor& t, const char* name) {
-    if (!t.defined()) return;
-    TORCH_CHECK(t.scalar_type() == at::kFloat && t.numel() == 1, "amp: FusedStep::step: ", name,
-                " must be a one-element float32 tensor, got ", t.scalar_type(), " of shape ", t.sizes());
-  }
-
   void check_device(c10::DeviceType device) {
     for (c10::DeviceType d : devices_)
       if (d == device) return;
@@ -481,20 +171,7 @@ class FusedStep {
 
   void check_param(const at::Tensor& p, const at::Tensor& grad, size_t g, size_t i) {
     check_device(p.device().type());
-    TORCH_CHECK(fused::dtype_supported(p.scalar_type()), "amp: FusedStep: parameter ", i, " of param group ", g,
-                " has dtype ", p.scalar_type(), "; the fused kernels take Float, Double, Half and BFloat16");
-    TORCH_CHECK(p.layout() == at::kStrided && p.is_non_overlapping_and_dense(), "amp: FusedStep: parameter ", i,
-                " of param group ", g, " is not a dense strided tensor");
-    TORCH_CHECK(fused::same_layout(grad, p), "amp: FusedStep: the gradient of parameter ", i, " of param group ", g,
-                " (", grad.scalar_type(), " ", grad.device(), ", sizes ", grad.sizes(), ", strides ", grad.strides(),
-                ") is not laid out as the parameter (", p.scalar_type(), " ", p.device(), ", sizes ", p.sizes(),
-                ", strides ", p.strides(), "); the fused kernels need the same dtype, device and memory layout");
-  }
-
-  static void check_state_tensor(const at::Tensor& t, const at::Tensor& p, const char* name, size_t g, size_t i) {
-    TORCH_CHECK(fused::same_layout(t, p), "amp: FusedStep: the optimizer state's ", name, " of parameter ", i,
-                " of param group ", g, " is ", (t.defined() ? "not laid out as the parameter" : "undefined"),
-                "; the fused kernels need the same dtype, device, sizes and strides");
+    fused::check_param_layout(p, grad, g, i);
   }
 
   // The record of p's state entry; `entry` is the entry now in the map.
@@ -570,9 +247,9 @@ class FusedStep {
       r.host_step = state->step();
       r.step = at::scalar_tensor(static_cast<double>(state->step()), p.options().dtype(at::kFloat));
     }
-    check_state_tensor(state->exp_avg(), p, "exp_avg", g, i);
-    check_state_tensor(state->exp_avg_sq(), p, "exp_avg_sq", g, i);
-    if (amsgrad) check_state_tensor(state->max_exp_avg_sq(), p, "max_exp_avg_sq", g, i);
+    fused::check_state_tensor(state->exp_avg(), p, "exp_avg", g, i);
+    fused::check_state_tensor(state->exp_avg_sq(), p, "exp_avg_sq", g, i);
+    if (amsgrad) fused::check_state_tensor(state->max_exp_avg_sq(), p, "max_exp_avg_sq", g, i);
     fused::Call& call = fused::call_for(calls, p);
     call.params.push_back(p);
     call.grads.push_back(grad);
@@ -617,7 +294,7 @@ class FusedStep {
         pending = r.pending;
       }
     }
-    check_state_tensor(state->momentum_buffer(), p, "momentum_buffer", g, i);
+    fused::check_state_tensor(state->momentum_buffer(), p, "momentum_buffer", g, i);
     fused::Call& call = fused::call_for(calls, p, first_step, pending);
     call.params.push_back(p);
     call.grads.push_back(grad);
