@@ -26,6 +26,16 @@ case "$name" in
     if "$bin" --device=cpu --precision=fp17 --steps=2 >bad.txt 2>&1; then fail "unknown precision accepted"; fi
     grep -q 'amp: unknown precision "fp17"; valid: ' bad.txt || { cat bad.txt; fail "unknown precision message"; }
     ;;
+  data_parallel)
+    launch=$3
+    case "$launch" in /*) ;; *) launch="$OLDPWD/$launch" ;; esac
+    "$launch" -n 2 -- "$bin" >out.txt 2>&1 || { cat out.txt; fail "exit code"; }
+    cat out.txt
+    for r in 0 1; do
+      grep -qE "^\[$r\] rank $r of 2: loss [0-9.]+ -> [0-9.]+, 100 all-reduces in 1 bucket\(s\)$" out.txt || fail "rank $r's line"
+    done
+    [ -s data_parallel.pt ] || fail "no checkpoint"
+    ;;
   *)
     "$bin" >out.txt 2>&1 || { cat out.txt; fail "exit code"; }
     cat out.txt

@@ -1,0 +1,119 @@
+// amp/detail/data_parallel_impl.h: DataParallel's construction helpers
+// (amp/distributed.h): the cross-rank shape check, rank 0's broadcast, and
+// the bucket assignment.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "amp/detail/process_group.h"
+
+namespace amp::detail {
+
+// [n_params, n_buffers, then per tensor: dtype, ndim, sizes...]
+inline std::vector<int64_t> shape_summary(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& buffers) {
+  std::vector<int64_t> s{static_cast<int64_t>(params.size()), static_cast<int64_t>(buffers.size())};
+  for (const auto* list : {&params, &buffers})
+    for (const auto& t : *list) {
+      s.push_back(static_cast<int64_t>(t.scalar_type()));
+      s.push_back(t.dim());
+      for (auto d : t.sizes()) s.push_back(d);
+    }
+  return s;
+}
+
+inline std::string describe_tensor(const std::vector<int64_t>& s, size_t& pos) {
+  std::ostringstream o;
+  const auto dtype = static_cast<c10::ScalarType>(s[pos]);
+  const int64_t ndim = s[pos + 1];
+  o << c10::toString(dtype) << "[";
+  for (int64_t d = 0; d < ndim; ++d) o << (d ? ", " : "") << s[pos + 2 + d];
+  o << "]";
+  pos += 2 + static_cast<size_t>(ndim);
+  return o.str();
+}
+
+// Every rank's summary against rank 0's: the same amp: error on every rank
+// (all of them see all summaries), naming the first difference.
+inline void check_same_shapes(const ProcessGroup& pg, const std::vector<int64_t>& mine,
+                              const std::function<std::string(size_t)>& param_name) {
+  const at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  int64_t max_len = 0;
+  std::vector<int64_t> lens;
+  for (const auto& t : pg.allgather(len, "DataParallel shape check")) {
+    lens.push_back(t.item<int64_t>());
+    max_len = std::max(max_len, lens.back());
+  }
+  at::Tensor padded = at::zeros({max_len}, at::kLong);
+  std::copy(mine.begin(), mine.end(), padded.data_ptr<int64_t>());
+  const auto all = pg.allgather(padded, "DataParallel shape check");
+  auto summary_of = [&](int r) {
+    const int64_t* d = all[static_cast<size_t>(r)].data_ptr<int64_t>();
+    return std::vector<int64_t>(d, d + lens[static_cast<size_t>(r)]);
+  };
+  const std::vector<int64_t> ref = summary_of(0);
+  for (int r = 1; r < pg.world_size(); ++r) {
+    const std::vector<int64_t> other = summary_of(r);
+    if (other == ref) continue;
+    TORCH_CHECK(other[0] == ref[0], "amp: DataParallel: rank ", r, " has ", other[0], " parameters but rank 0 has ",
+                ref[0], "; every rank must build the same model");
+    TORCH_CHECK(other[1] == ref[1], "amp: DataParallel: rank ", r, " has ", other[1], " buffers but rank 0 has ",
+                ref[1], "; every rank must build the same model");
+    size_t pa = 2, pb = 2;
+    for (int64_t i = 0; i < ref[0] + ref[1]; ++i) {
+      const std::string a = describe_tensor(ref, pa), b = describe_tensor(other, pb);
+      const bool is_param = i < ref[0];
+      TORCH_CHECK(a == b, "amp: DataParallel: ", is_param ? "parameter " : "buffer ",
+                  is_param ? param_name(static_cast<size_t>(i)) : "#" + std::to_string(i - ref[0]), " is ", b,
+                  " on rank ", r, " but ", a, " on rank 0; every rank must build the same model");
+    }
+  }
+}
+
+// Rank 0's values into every rank's tensors: one broadcast per dtype.
+inline void broadcast_from_rank0(const ProcessGroup& pg, const std::vector<at::Tensor>& tensors, const char* what) {
+  std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+  at::NoGradGuard no_grad;
+  for (auto& [dtype, list] : by_dtype) {
+    std::vector<at::Tensor> flat;
+    for (const auto& t : list) flat.push_back(t.detach().reshape({-1}));
+    at::Tensor all = at::cat(flat);
+    pg.broadcast(all, 0, what);
+    int64_t off = 0;
+    for (auto& t : list) {
+      t.detach().copy_(all.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+  }
+}
+
+// Parameters in reverse order (about the order backward produces their
+// gradients, as torch's DDP assumes), cut into same-dtype buckets of at most
+// cap_bytes (a larger parameter gets a bucket of its own).
+inline std::vector<std::vector<size_t>> assign_buckets(const std::vector<at::Tensor>& params, double cap_bytes) {
+  std::vector<std::vector<size_t>> buckets;
+  double bytes = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  for (size_t j = params.size(); j-- > 0;) {
+    const auto& p = params[j];
+    const double size = static_cast<double>(p.numel()) * static_cast<double>(p.element_size());
+    if (buckets.empty() || p.scalar_type() != dtype || bytes + size > cap_bytes) {
+      buckets.emplace_back();
+      bytes = 0;
+      dtype = p.scalar_type();
+    }
+    buckets.back().push_back(j);
+    bytes += size;
+  }
+  return buckets;
+}
+
+}  // namespace amp::detail

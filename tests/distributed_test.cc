@@ -1,0 +1,332 @@
+// amp/distributed.h across processes: run through tools/launch by
+// distributed_test.sh (one "case" per launch). Each rank prints
+// "PASS <case>" or "FAIL <case>: why" and exits 0 / 1. Timeouts come from
+// AMP_DP_TIMEOUT_MS (default 20000).
+#include <torch/torch.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "amp/distributed.h"
+#include "amp/scaler/dynamic_scaler.h"
+#include "amp/trainer.h"
+#include "amp/version.h"
+
+namespace {
+
+std::string g_case;
+int g_rank = -1;
+
+[[noreturn]] void fail(const std::string& why) {
+  std::cout << "FAIL " << g_case << " (rank " << g_rank << "): " << why << std::endl;
+  std::exit(1);
+}
+void check(bool ok, const std::string& why) {
+  if (!ok) fail(why);
+}
+
+std::chrono::milliseconds timeout() {
+  const char* v = std::getenv("AMP_DP_TIMEOUT_MS");
+  return std::chrono::milliseconds(v ? std::atol(v) : 20000);
+}
+
+amp::ProcessGroup init() {
+  auto pg = amp::init_process_group(amp::ProcessGroupOptions().timeout(timeout()).threads(1));
+  g_rank = pg.rank();
+  return pg;
+}
+
+torch::nn::Sequential make_net(int64_t hidden = 32) {
+  return torch::nn::Sequential(torch::nn::Linear(16, hidden), torch::nn::ReLU(), torch::nn::Linear(hidden, 4));
+}
+
+// This rank's batch of step `step`: a slice of the global batch of every rank.
+std::pair<torch::Tensor, torch::Tensor> batch(int64_t step, int rank, int world, int64_t per_rank) {
+  torch::manual_seed(1000 + static_cast<uint64_t>(step));
+  torch::Tensor x = torch::randn({per_rank * world, 16});
+  torch::Tensor y = x.narrow(1, 0, 4) * 2 - x.narrow(1, 4, 4);
+  return {x.narrow(0, rank * per_rank, per_rank), y.narrow(0, rank * per_rank, per_rank)};
+}
+
+// The key of a parameter's optimizer state: the TensorImpl's address as text
+// (LibTorch 1.13) or itself (2.x).
+template <class Key>
+Key state_key(const torch::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
+
+// Bits of params, Adam's moments and the scale, gathered: rank 0's == every rank's.
+template <class T>
+void check_identical(const amp::DataParallel& dp, T& trainer, const std::string& what) {
+  trainer.stepper().sync_optimizer_state();
+  std::vector<torch::Tensor> bits;
+  auto add = [&](const torch::Tensor& t) {
+    bits.push_back(t.detach().to(torch::kFloat).contiguous().view(torch::kInt).reshape({-1}).to(torch::kLong));
+  };
+  for (const auto& p : trainer.module().parameters()) {
+    add(p);
+    auto& state = trainer.optimizer().state();
+    auto it = state.find(state_key<typename std::decay_t<decltype(state)>::key_type>(p));
+    if (it != state.end())
+      if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+        add(s->exp_avg());
+        add(s->exp_avg_sq());
+        bits.push_back(torch::full({1}, s->step(), torch::kLong));
+      }
+  }
+  add(torch::full({1}, trainer.scaler().get_scale(), torch::kFloat));
+  torch::Tensor mine = torch::cat(bits);
+  auto all = dp.process_group().allgather(mine, "test gather");
+  for (size_t r = 1; r < all.size(); ++r)
+    check(torch::equal(all[0], all[r]), what + ": rank " + std::to_string(r) + " differs from rank 0 (bitwise)");
+}
+
+template <class Policy>
+void train_identical(amp::GradCompression compression, int64_t steps) {
+  auto pg = init();
+  torch::manual_seed(static_cast<uint64_t>(pg.rank()));  // different initial weights: the broadcast fixes them
+  auto net = make_net();
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+  amp::Trainer<Policy, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+  amp::DataParallel dp(pg, trainer, amp::DataParallelOptions().compression(compression));
+  check(trainer.stepper().gradient_sync() == &dp, "DataParallel did not install itself");
+  for (int64_t s = 0; s < steps; ++s) {
+    auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
+    auto r = trainer.step([&](auto&) { return torch::mse_loss(net->forward(x), y); });
+    // fp16 with a loss scale of 65536 skips its first steps (scale backs off), as torch's GradScaler.
+    check(!r.skipped() || amp::uses_loss_scaling_v<typename amp::Trainer<Policy, amp::CPU>::scaler_type>,
+          "step " + std::to_string(s) + " skipped");
+  }
+  check(dp.allreduces() == steps * dp.buckets(), "all-reduces " + std::to_string(dp.allreduces()) + " != steps * buckets");
+  check_identical(dp, trainer, trainer.precision);
+  std::cout << "PASS " << g_case << " " << trainer.precision << " world " << pg.world_size() << " buckets "
+            << dp.buckets() << " all-reduces " << dp.allreduces() << std::endl;
+}
+
+// 2 ranks with batch B each == 1 process with batch 2B, to fp32 rounding.
+void parity() {
+  auto pg = init();
+  torch::manual_seed(7);
+  auto net = make_net(), ref = make_net();
+  {
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < net->parameters().size(); ++i) ref->parameters()[i].copy_(net->parameters()[i]);
+  }
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+  amp::DataParallel dp(pg, trainer);
+  const int64_t B = 16, steps = 30;
+  for (int64_t s = 0; s < steps; ++s) {
+    auto [x, y] = batch(s, pg.rank(), pg.world_size(), B);
+    trainer.step([&](auto&) { return torch::mse_loss(net->forward(x), y); });
+    auto [gx, gy] = batch(s, 0, 1, B * pg.world_size());
+    ref_opt.zero_grad();
+    torch::mse_loss(ref->forward(gx), gy).backward();
+    ref_opt.step();
+  }
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < net->parameters().size(); ++i) {
+    max_diff = std::max(max_diff, (net->parameters()[i] - ref->parameters()[i]).abs().max().item<double>());
+    max_abs = std::max(max_abs, ref->parameters()[i].abs().max().item<double>());
+  }
+  std::cout << "parity: max |dp - single| = " << max_diff << " (max |param| " << max_abs << ") after " << steps
+            << " steps" << std::endl;
+  check(max_diff <= 1e-5 * std::max(1.0, max_abs), "data-parallel differs from one process with the global batch");
+  std::cout << "PASS " << g_case << std::endl;
+}
+
+// An inf on the last rank only: every rank skips and backs off together.
+void inf_one_rank() {
+  auto pg = init();
+  torch::manual_seed(3);
+  auto net = make_net();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01));
+  amp::Stepper<amp::DynamicScaler> stepper(opt);
+  std::vector<torch::Tensor> params = net->parameters();
+  amp::DataParallel dp(pg, params);
+  stepper.set_gradient_sync(&dp);
+  const double scale0 = stepper.scaler().get_scale();
+  for (int64_t s = 0; s < 6; ++s) {
+    auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
+    torch::Tensor loss = torch::mse_loss(net->forward(x), y);
+    if (s == 2 && pg.rank() == pg.world_size() - 1) loss = loss * std::numeric_limits<float>::infinity();
+    auto r = stepper.step(loss);
+    check(r.skipped() == (s == 2), "step " + std::to_string(s) + (r.skipped() ? " skipped" : " not skipped"));
+  }
+  const double scale = stepper.scaler().get_scale();
+  check(scale == scale0 * 0.5, "scale " + std::to_string(scale) + " != half of " + std::to_string(scale0));
+  std::vector<torch::Tensor> bits;
+  for (const auto& p : params) bits.push_back(p.detach().reshape({-1}));
+  bits.push_back(torch::full({1}, scale, torch::kFloat));
+  auto all = pg.allgather(torch::cat(bits), "test gather");
+  for (size_t r = 1; r < all.size(); ++r) check(torch::equal(all[0], all[r]), "ranks differ after the skip");
+  std::cout << "PASS " << g_case << " scale " << scale0 << " -> " << scale << std::endl;
+}
+
+// Accumulation: no all-reduce on non-boundary micro-batches, one per bucket at the boundary.
+void accumulate() {
+  auto pg = init();
+  auto net = make_net();
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(
+      net, opt, amp::TrainerOptions().progress(false).accumulation_steps(3));
+  amp::DataParallel dp(pg, trainer, amp::DataParallelOptions().bucket_cap_mb(1.0 / 1024));  // 1 KiB buckets
+  check(dp.buckets() >= 2, "expected several 1 KiB buckets, got " + std::to_string(dp.buckets()));
+  std::string per_step;
+  for (int64_t s = 0; s < 12; ++s) {
+    const int64_t before = dp.allreduces();
+    auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
+    auto r = trainer.step([&](auto&) { return torch::mse_loss(net->forward(x), y); });
+    const int64_t issued = dp.allreduces() - before;
+    per_step += std::to_string(issued) + " ";
+    check(issued == (r.boundary ? dp.buckets() : 0),
+          "micro-batch " + std::to_string(s) + " issued " + std::to_string(issued) + " all-reduces");
+  }
+  check(trainer.steps() == 4, "expected 4 optimizer steps");
+  check_identical(dp, trainer, "accumulation");
+  std::cout << "PASS " << g_case << " buckets " << dp.buckets() << " all-reduces per micro-batch: " << per_step
+            << std::endl;
+}
+
+void mismatch() {
+  auto pg = init();
+  auto net = make_net(pg.rank() == 1 ? 33 : 32);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+  try {
+    amp::DataParallel dp(pg, trainer);
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    std::cout << "error: " << msg << std::endl;
+    check(msg.find("amp: DataParallel: parameter '0.weight' is Float[33, 16] on rank 1 but Float[32, 16] on rank 0") !=
+              std::string::npos,
+          "unexpected message");
+    std::cout << "PASS " << g_case << std::endl;
+    return;
+  }
+  fail("no error for different models");
+}
+
+// Trains `steps`, checkpointing each step (rank 0 writes); with a victim, that
+// rank dies (SIGKILL) or stops (SIGSTOP) at step `at`: the others must fail
+// with an amp: error within the timeout.
+void train_and_die(const std::string& path, int64_t steps, const std::string& how, int64_t at) {
+  auto pg = init();
+  auto net = make_net();
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+  amp::DataParallel dp(pg, trainer);
+  const auto start_fault = std::chrono::steady_clock::now();
+  auto t0 = start_fault;
+  try {
+    for (int64_t s = 0; s < steps; ++s) {
+      if (s == at && pg.rank() == pg.world_size() - 1) {
+        std::cout << "rank " << pg.rank() << " " << how << " at step " << s << std::endl;
+        std::raise(how == "kill" ? SIGKILL : SIGSTOP);
+      }
+      auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
+      t0 = std::chrono::steady_clock::now();
+      trainer.step([&](auto&) { return torch::mse_loss(net->forward(x), y); });
+      dp.save(trainer, path);
+    }
+  } catch (const c10::Error& e) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cout << "peer-failure error after " << secs << " s (timeout " << timeout().count() / 1000.0
+              << " s): " << e.what_without_backtrace() << std::endl;
+    std::exit(3);
+  }
+  check_identical(dp, trainer, "after " + std::to_string(steps) + " steps");
+  std::cout << "PASS " << g_case << " saved " << path << " at step " << trainer.steps() << std::endl;
+}
+
+// Any world size: load a checkpoint, check its step, train on, stay identical.
+void resume(const std::string& path, int64_t expect_steps) {
+  auto pg = init();
+  auto net = make_net();
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+  amp::DataParallel dp(pg, trainer);
+  dp.load(trainer, path);
+  check(trainer.steps() == expect_steps,
+        "loaded step " + std::to_string(trainer.steps()) + ", expected " + std::to_string(expect_steps));
+  for (int64_t s = 0; s < 3; ++s) {
+    auto [x, y] = batch(100 + s, pg.rank(), pg.world_size(), 8);
+    trainer.step([&](auto&) { return torch::mse_loss(net->forward(x), y); });
+  }
+  check_identical(dp, trainer, "after resuming");
+  std::cout << "PASS " << g_case << " world " << pg.world_size() << " resumed at step " << expect_steps
+            << ", now " << trainer.steps() << std::endl;
+}
+
+// No launcher: the rendezvous' errors (the caller sets the environment).
+void rendezvous_error(const std::string& expect) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    init();
+  } catch (const c10::Error& e) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string msg = e.what_without_backtrace();
+    std::cout << "error after " << secs << " s: " << msg.substr(0, msg.find('\n')) << std::endl;
+    check(msg.rfind("amp: ", 0) == 0 && msg.find(expect) != std::string::npos, "expected '" + expect + "'");
+    check(secs < timeout().count() / 1000.0 + 5, "took longer than the timeout");
+    std::cout << "PASS " << g_case << std::endl;
+    return;
+  }
+  fail("no error");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(1);
+  std::vector<std::string> a(argv + 1, argv + argc);
+  if (a.empty()) fail("usage: distributed_test CASE [ARGS]");
+  g_case = a[0];
+  try {
+    if (g_case == "fp32") train_identical<amp::True<amp::fp32>>(amp::GradCompression::kNone, 20);
+    else if (g_case == "bf16") train_identical<amp::Mixed<amp::bf16, amp::NoScaler>>(amp::GradCompression::kNone, 20);
+    else if (g_case == "fp16") {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+      train_identical<amp::Mixed<amp::fp16, amp::DynamicScaler>>(amp::GradCompression::kNone, 20);
+#else
+      std::cout << "PASS fp16 (skipped: no CPU fp16 autocast before LibTorch 2.3)" << std::endl;
+#endif
+    } else if (g_case == "compress_bf16" && TORCH_VERSION_MAJOR < 2) {
+      try {
+        train_identical<amp::True<amp::fp32>>(amp::GradCompression::kBf16, 10);
+      } catch (const c10::Error& e) {
+        const std::string msg = e.what_without_backtrace();
+        check(msg.find("amp: DataParallelOptions::compression(kBf16) needs LibTorch >= 2.0") == 0, "message: " + msg);
+        std::cout << "PASS compress_bf16 (rejected before LibTorch 2.0: " << msg << ")" << std::endl;
+      }
+    } else if (g_case == "compress_fp16") train_identical<amp::True<amp::fp32>>(amp::GradCompression::kFp16, 10);
+    else if (g_case == "compress_bf16") train_identical<amp::True<amp::fp32>>(amp::GradCompression::kBf16, 10);
+    else if (g_case == "parity") parity();
+    else if (g_case == "inf") inf_one_rank();
+    else if (g_case == "accumulate") accumulate();
+    else if (g_case == "mismatch") mismatch();
+    else if (g_case == "train" && a.size() == 3) train_and_die(a[1], std::stoll(a[2]), "", -1);
+    else if (g_case == "die" && a.size() == 5) train_and_die(a[1], std::stoll(a[2]), a[3], std::stoll(a[4]));
+    else if (g_case == "resume" && a.size() == 3) resume(a[1], std::stoll(a[2]));
+    else if (g_case == "rendezvous_error" && a.size() == 2) rendezvous_error(a[1]);
+    else fail("unknown case or arguments");
+  } catch (const std::exception& e) {
+    fail(std::string("exception: ") + e.what());
+  }
+  return 0;
+}

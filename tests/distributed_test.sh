@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Runs distributed_test's cases through tools/launch: distributed_test.sh BIN LAUNCH GROUP
+set -uo pipefail
+bin=$1 launch=$2 group=$3
+case "$bin" in /*) ;; *) bin="$PWD/$bin" ;; esac
+case "$launch" in /*) ;; *) launch="$PWD/$launch" ;; esac
+work=${TEST_TMPDIR:-$(mktemp -d)}
+export AMP_DP_TIMEOUT_MS=${AMP_DP_TIMEOUT_MS:-20000}
+fails=0
+# run NAME N [launch flags --] CASE ARGS...: every rank must print "PASS CASE".
+run() {
+  local n=$1; shift
+  local t0=$SECONDS out="$work/out.$RANDOM.txt"
+  "$launch" -n "$n" -- "$bin" "$@" >"$out" 2>&1; local rc=$?
+  cat "$out"
+  local passes; passes=$(grep -c "^\[[0-9]*\] PASS $1" "$out")
+  if [ "$rc" -ne 0 ] || [ "$passes" -ne "$n" ]; then
+    echo "FAIL: $* on $n processes (status $rc, $passes of $n passed)"; fails=$((fails + 1))
+  else
+    echo "ok: $* on $n processes ($((SECONDS - t0)) s)"
+  fi
+}
+case "$group" in
+  ranks2)
+    for c in fp32 bf16 fp16 compress_fp16 compress_bf16 parity inf accumulate mismatch; do run 2 "$c"; done
+    ;;
+  ranks4)
+    for c in fp32 bf16 inf; do run 4 "$c"; done
+    # A checkpoint written by 2 processes resumes in 1 and in 4.
+    run 2 train "$work/ckpt2.pt" 6
+    run 1 resume "$work/ckpt2.pt" 6
+    run 4 resume "$work/ckpt2.pt" 6
+    ;;
+  faults)
+    export AMP_DP_TIMEOUT_MS=5000
+    # One of 3 dies mid-run (SIGKILL) / stops (SIGSTOP): the others fail with
+    # an amp: error within the timeout; the last checkpoint loads.
+    for how in kill stop; do
+      t0=$SECONDS out="$work/$how.txt"
+      "$launch" -n 3 --grace 8 -- "$bin" die "$work/$how.pt" 50 "$how" 4 >"$out" 2>&1; rc=$?
+      cat "$out"
+      n_err=$(grep -cE "^\[[01]\] peer-failure error after [0-9.e+-]+ s \(timeout 5 s\): amp: " "$out")
+      worst=$(grep -oE "^\[[01]\] peer-failure error after [0-9.e+-]+" "$out" | awk '{print $NF}' | sort -g | tail -1)
+      if [ "$rc" -ne 0 ] && [ "$n_err" -eq 2 ] && awk -v w="${worst:-99}" 'BEGIN{exit !(w < 5.5)}'; then
+        echo "ok: $how: both survivors failed with the amp: error, slowest after ${worst} s ($((SECONDS - t0)) s)"
+      else
+        echo "FAIL: $how: status $rc, $n_err amp: errors, slowest ${worst:-none} s"; fails=$((fails + 1))
+      fi
+      run 1 resume "$work/$how.pt" 4
+    done
+    # Rendezvous errors, without a launcher.
+    one() { local expect=$1; shift; local out="$work/env.txt"
+      env -u RANK -u WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT "$@" "$bin" rendezvous_error "$expect" >"$out" 2>&1; local rc=$?
+      cat "$out"
+      if [ "$rc" -eq 0 ] && grep -q "^PASS" "$out"; then echo "ok: rendezvous error '$expect'"; else echo "FAIL: rendezvous error '$expect'"; fails=$((fails + 1)); fi
+    }
+    one "WORLD_SIZE is not set" RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999
+    one "WORLD_SIZE=0 is out of range" RANK=0 WORLD_SIZE=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999
+    one "RANK=2 is out of range" RANK=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999
+    one "MASTER_PORT=\"x\" is not an integer" RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=x
+    one "MASTER_ADDR is not set" RANK=0 WORLD_SIZE=1 MASTER_PORT=29999
+    # Nobody serves the port: a bounded wait, then amp:'s error.
+    one "could not rendezvous at 127.0.0.1:9" AMP_DP_TIMEOUT_MS=2000 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9
+    ;;
+  *) echo "unknown group $group"; exit 2 ;;
+esac
+[ "$fails" -eq 0 ] && echo "PASS: distributed $group" || { echo "$fails failed"; exit 1; }
