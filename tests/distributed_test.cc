@@ -290,6 +290,30 @@ void rendezvous_error(const std::string& expect) {
   fail("no error");
 }
 
+// DataParallel::fit: every rank trains on its shard of 11 batches (5 steps
+// each, the 11th dropped), and the History's losses are the average over the
+// ranks, identical on every rank.
+void fit_shards() {
+  amp::ProcessGroup pg = init();
+  torch::manual_seed(7);
+  auto net = make_net();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+  amp::DataParallel dp(pg, trainer);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int64_t i = 0; i < 11; ++i) batches.push_back(batch(i, 0, 1, 8));
+  amp::History h = dp.fit(trainer, batches, [&](auto&, const std::pair<torch::Tensor, torch::Tensor>& b) {
+    return torch::mse_loss(net->forward(b.first), b.second);
+  });
+  const int64_t world = pg.world_size();
+  check(static_cast<int64_t>(h.steps.size()) == 11 / world, "steps " + std::to_string(h.steps.size()));
+  torch::Tensor losses = torch::empty({static_cast<int64_t>(h.steps.size())}, torch::kDouble);
+  for (size_t i = 0; i < h.steps.size(); ++i) losses[static_cast<int64_t>(i)] = h.steps[i].loss;
+  const auto gathered = pg.allgather(losses, "test gather");
+  for (const auto& g : gathered) check(torch::equal(g, gathered[0]), "averaged losses differ between ranks");
+  std::cout << "PASS fit" << std::endl;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -320,6 +344,7 @@ int main(int argc, char** argv) {
     else if (g_case == "inf") inf_one_rank();
     else if (g_case == "accumulate") accumulate();
     else if (g_case == "mismatch") mismatch();
+    else if (g_case == "fit") fit_shards();
     else if (g_case == "train" && a.size() == 3) train_and_die(a[1], std::stoll(a[2]), "", -1);
     else if (g_case == "die" && a.size() == 5) train_and_die(a[1], std::stoll(a[2]), a[3], std::stoll(a[4]));
     else if (g_case == "resume" && a.size() == 3) resume(a[1], std::stoll(a[2]));

@@ -22,10 +22,10 @@ run() {
 }
 case "$group" in
   ranks2)
-    for c in fp32 bf16 fp16 compress_fp16 compress_bf16 parity inf accumulate mismatch; do run 2 "$c"; done
+    for c in fp32 bf16 fp16 compress_fp16 compress_bf16 parity inf accumulate mismatch fit; do run 2 "$c"; done
     ;;
   ranks4)
-    for c in fp32 bf16 inf; do run 4 "$c"; done
+    for c in fp32 bf16 inf fit; do run 4 "$c"; done
     # A checkpoint written by 2 processes resumes in 1 and in 4.
     run 2 train "$work/ckpt2.pt" 6
     run 1 resume "$work/ckpt2.pt" 6

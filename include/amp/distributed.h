@@ -40,6 +40,7 @@
 
 #include "amp/detail/data_parallel_impl.h"
 #include "amp/detail/process_group.h"
+#include "amp/history.h"
 #include "amp/step.h"
 
 namespace amp {
@@ -193,6 +194,38 @@ class DataParallel : public GradientSync {
     pg_.broadcast(ok, 0, "checkpoint save of '" + path + "'");
     TORCH_CHECK(ok.item<int>() == 1, "amp: rank 0 could not write checkpoint '", path, "'",
                 error.empty() ? std::string() : ": " + error);
+  }
+
+  // Trainer::fit across processes: rank r trains on batches r, r + W, r + 2W,
+  // ... of `batches` (W = world size; every rank passes the same range; the
+  // last size % W batches are dropped so that all ranks take the same number
+  // of steps, as DistributedSampler's drop_last). Only rank 0 draws progress.
+  // The History's losses are averaged over the ranks (one all-reduce at the
+  // end). For a LibTorch DataLoader, shard with
+  // torch::data::samplers::DistributedRandomSampler and call trainer.fit.
+  template <class T, class Range, class F>
+  History fit(T& trainer, const Range& batches, F&& fn, FitOptions fo = FitOptions()) {
+    using Batch = std::decay_t<decltype(*std::begin(batches))>;
+    std::vector<Batch> all(std::begin(batches), std::end(batches));
+    const size_t world = static_cast<size_t>(world_size());
+    std::vector<Batch> mine;
+    for (size_t i = static_cast<size_t>(rank()); i < all.size() / world * world; i += world) mine.push_back(all[i]);
+    const bool progress = trainer.options().progress();
+    trainer.set_progress(progress && is_main());
+    History history;
+    try {
+      history = trainer.fit(mine, std::forward<F>(fn), std::move(fo));
+    } catch (...) {
+      trainer.set_progress(progress);
+      throw;
+    }
+    trainer.set_progress(progress);
+    at::Tensor losses = at::empty({static_cast<int64_t>(history.steps.size())}, at::kDouble);
+    for (size_t i = 0; i < history.steps.size(); ++i) losses[static_cast<int64_t>(i)] = history.steps[i].loss;
+    pg_.allreduce_sum(losses, "fit()'s loss average");
+    for (size_t i = 0; i < history.steps.size(); ++i)
+      history.steps[i].loss = losses[static_cast<int64_t>(i)].item<double>() / static_cast<double>(world);
+    return history;
   }
 
   // Every rank reads the same file (after a save() or from an earlier run,

@@ -237,6 +237,8 @@ class Trainer {
   const scaler_type& scaler() const { return stepper_.scaler(); }
   torch::optim::Optimizer& optimizer() { return stepper_.optimizer(); }
   const TrainerOptions& options() const { return options_; }
+  // fit()'s progress output on or off (DataParallel::fit keeps it on rank 0 only).
+  void set_progress(bool on) { options_.progress(on); }
   // The step recipe after the forward (e.g. to install a GradientSync).
   Stepper<scaler_type>& stepper() { return stepper_; }
   const Stepper<scaler_type>& stepper() const { return stepper_; }
