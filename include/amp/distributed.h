@@ -54,6 +54,9 @@ struct DataParallelOptions {
   TORCH_ARG(GradCompression, compression) = GradCompression::kNone;
   // Broadcast rank 0's buffers (e.g. BatchNorm statistics) with its parameters at construction.
   TORCH_ARG(bool, broadcast_buffers) = true;
+  // Start each bucket's all-reduce as soon as backward has filled it (DDP).
+  // false: all after backward (for measuring what the overlap buys).
+  TORCH_ARG(bool, overlap) = true;
 };
 
 namespace detail {
@@ -324,7 +327,7 @@ class DataParallel : public GradientSync {
     TORCH_CHECK(!grad.is_sparse(), "amp: DataParallel: sparse gradients are not supported (parameter ",
                 name(b.params[k]), ")");
     fill(b, k, grad);
-    launch_ready();
+    if (options_.overlap()) launch_ready();
   }
 
   // Launches ready buckets in index order (the same order on every rank).
