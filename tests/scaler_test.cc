@@ -499,12 +499,13 @@ c10::impl::GenericDict python_state(const std::string& file) {
   return torch::pickle_load(bytes).toGenericDict();
 }
 
-// python_grad_scaler_stdlib.pt: written by tests/python/write_python_scaler_state.py
-// in torch.save's layout. python_grad_scaler_torch_2_11.pt: written by torch
+// tests/data/*.torchsave are torch.save zip files (named so that *.pt stays untracked).
+// python_grad_scaler_stdlib.torchsave: written by tests/python/write_python_scaler_state.py
+// in torch.save's layout. python_grad_scaler_torch_2_11.torchsave: written by torch
 // 2.11's own torch.save (tests/gpu/parity_twin.py). Both hold a
 // GradScaler(init_scale=1024, growth_factor=3, growth_interval=7) after one overflow.
 TEST(DynamicScaler, LoadsAStateDictWrittenByPython) {
-  for (const char* file : {"python_grad_scaler_stdlib.pt", "python_grad_scaler_torch_2_11.pt"}) {
+  for (const char* file : {"python_grad_scaler_stdlib.torchsave", "python_grad_scaler_torch_2_11.torchsave"}) {
     SCOPED_TRACE(file);
     std::ifstream probe(std::string(AMP_TEST_DATA_DIR) + "/" + file);
     if (!probe.good()) continue;  // the torch-written file exists only once a GPU machine made it
@@ -525,7 +526,7 @@ TEST(DynamicScaler, LoadsAStateDictWrittenByPython) {
 }
 
 TEST(DynamicScaler, PythonStateDictErrorsAreTheSame) {
-  c10::impl::GenericDict state = python_state("python_grad_scaler_stdlib.pt");
+  c10::impl::GenericDict state = python_state("python_grad_scaler_stdlib.torchsave");
   (void)state.erase("growth_interval");
   amp::GradScaler scaler;
   EXPECT_EQ(error_of([&] { scaler.load_state_dict(state); }), "amp: the scaler state dict has no key 'growth_interval'");
