@@ -10,11 +10,10 @@
 #include <cstdlib>
 #include <iostream>
 #include <limits>
-#include <sstream>
 #include <string>
-#include <type_traits>
 #include <vector>
 
+#include "amp/detail/compat.h"
 #include "amp/distributed.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/trainer.h"
@@ -56,19 +55,6 @@ std::pair<torch::Tensor, torch::Tensor> batch(int64_t step, int rank, int world,
   return {x.narrow(0, rank * per_rank, per_rank), y.narrow(0, rank * per_rank, per_rank)};
 }
 
-// The key of a parameter's optimizer state: the TensorImpl's address as text
-// (LibTorch 1.13) or itself (2.x).
-template <class Key>
-Key state_key(const torch::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;
-    key << p.unsafeGetTensorImpl();
-    return key.str();
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
-}
-
 // Bits of params, Adam's moments and the scale, gathered: rank 0's == every rank's.
 template <class T>
 void check_identical(const amp::DataParallel& dp, T& trainer, const std::string& what) {
@@ -80,7 +66,7 @@ void check_identical(const amp::DataParallel& dp, T& trainer, const std::string&
   for (const auto& p : trainer.module().parameters()) {
     add(p);
     auto& state = trainer.optimizer().state();
-    auto it = state.find(state_key<typename std::decay_t<decltype(state)>::key_type>(p));
+    auto it = state.find(amp::detail::compat::optim_state_key(p.unsafeGetTensorImpl()));
     if (it != state.end())
       if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
         add(s->exp_avg());

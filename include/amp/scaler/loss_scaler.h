@@ -149,8 +149,7 @@ class LossScalerBase {
     }
     TORCH_CHECK(!state.found_inf_per_device.empty(), "No inf checks were recorded for this optimizer.");
     std::vector<at::Tensor> flags;
-    for (const auto& device_and_flag : state.found_inf_per_device)
-      flags.push_back(device_and_flag.second.to(scale_.device(), /*non_blocking=*/true));
+    append_flags(state, flags);
     fused.step(grad_scale, sum(flags));
     state.stage = OptState::kStepped;
   }
@@ -197,12 +196,14 @@ class LossScalerBase {
   // Every optimizer's per-device flags, moved to the scale's device.
   std::vector<at::Tensor> recorded_found_infs() const {
     std::vector<at::Tensor> flags;
-    for (const auto& optimizer_and_state : states_) {
-      for (const auto& device_and_flag : optimizer_and_state.second.found_inf_per_device) {
-        flags.push_back(device_and_flag.second.to(scale_.device(), /*non_blocking=*/true));
-      }
-    }
+    for (const auto& optimizer_and_state : states_) append_flags(optimizer_and_state.second, flags);
     return flags;
+  }
+
+  // One optimizer's per-device flags, moved to the scale's device.
+  void append_flags(const PerOptimizerState& state, std::vector<at::Tensor>& flags) const {
+    for (const auto& device_and_flag : state.found_inf_per_device)
+      flags.push_back(device_and_flag.second.to(scale_.device(), /*non_blocking=*/true));
   }
 
   static at::Tensor sum(const std::vector<at::Tensor>& flags) {
