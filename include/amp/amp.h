@@ -25,4 +25,5 @@
 #include "amp/step.h"
 #include "amp/checkpoint.h"
 #include "amp/history.h"
+#include "amp/capture.h"
 #include "amp/trainer.h"

@@ -142,17 +142,32 @@ class Stepper {
   // the accumulation boundary also unscale, clip, step or skip, update.
   // Gradients are zeroed at the start of each accumulation cycle.
   StepResult step(const at::Tensor& loss) {
+    check_loss(loss);
+    if (micro_ == 0) optimizer_->zero_grad();
+    return backward_and_step(loss);
+  }
+
+  // step() for a caller that zeroed the gradients at the start of the
+  // accumulation cycle itself (a captured step zeroes them in place, inside
+  // its CUDA graph, where zero_grad() would reset them to undefined).
+  StepResult step_on_zeroed(const at::Tensor& loss) {
+    check_loss(loss);
+    return backward_and_step(loss);
+  }
+
+ private:
+  static void check_loss(const at::Tensor& loss) {
     TORCH_CHECK(loss.defined(), "amp: the forward returned an undefined tensor; return the loss tensor");
     TORCH_CHECK(loss.numel() == 1, "amp: the loss must have one element, got shape ", loss.sizes(),
                 "; reduce it first (e.g. loss.mean())");
     TORCH_CHECK(loss.requires_grad(),
                 "amp: the loss does not require grad, so backward() cannot reach the parameters; compute it from the "
                 "model's output inside the step function (not under torch::NoGradGuard)");
+  }
+
+  StepResult backward_and_step(const at::Tensor& loss) {
     const int64_t n = options_.accumulation_steps();
-    if (micro_ == 0) {
-      optimizer_->zero_grad();
-      loss_sum_ = at::Tensor();
-    }
+    if (micro_ == 0) loss_sum_ = at::Tensor();
     const at::Tensor detached = loss.detach();
     loss_sum_ = loss_sum_.defined() ? loss_sum_ + detached : detached.clone();
     const bool boundary = micro_ + 1 == n;
@@ -164,6 +179,7 @@ class Stepper {
     return finish_step(n > 1 ? loss_sum_ / static_cast<double>(n) : loss_sum_);
   }
 
+ public:
   // The boundary half of step(), for callers that ran backward themselves
   // (LBFGS-style closures excluded): unscale, clip, step or skip, update.
   StepResult finish_step(at::Tensor loss) {
@@ -227,6 +243,30 @@ class Stepper {
   // After optimizer.load(): the fused path rereads the optimizer's state.
   void reload_optimizer_state() {
     if (fused_) fused_->reload_from_optimizer();
+  }
+
+  // Why this step cannot be captured in a CUDA graph (amp/capture.h), in
+  // words that say what to change; "" when it can: the fused path, one
+  // micro-batch per step, no multi-process hook.
+  std::string capture_blocker() const {
+    if (!fused_)
+      return "capture() needs the fused, sync-free optimizer step, and this one takes the " + path() +
+             " path: use torch::optim::Adam, AdamW or SGD with TrainerOptions().fused(true) (the default), on a "
+             "LibTorch and device with their fused kernels";
+    if (options_.accumulation_steps() != 1)
+      return "capture() records one whole optimizer step, but accumulation_steps is " +
+             std::to_string(options_.accumulation_steps()) +
+             ": set accumulation_steps(1) and capture the larger batch, or train with eager steps";
+    if (sync_ != nullptr)
+      return "capture() does not record the all-reduces of multi-process training (a GradientSync is installed): "
+             "train DataParallel with eager steps";
+    return "";
+  }
+  // The fused path's state made now and kept fixed (FusedStep::make_static),
+  // so that every step runs on the same tensors; for capture().
+  void make_static() {
+    TORCH_CHECK(fused_.has_value(), "amp: make_static() needs the fused step; ", capture_blocker());
+    fused_->make_static();
   }
 
   // Installs (or, with nullptr, removes) the hook of multi-process training;

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "amp/capture.h"
 #include "amp/checkpoint.h"
 #include "amp/detail/compat_ops.h"
 #include "amp/detail/progress.h"
@@ -216,19 +217,23 @@ class Trainer {
   void load(const std::string& path) {
     torch::serialize::InputArchive archive = detail::open_checkpoint(path, parameter_device(), precision);
     // Snapshot, apply, and roll back on any failure.
-    std::stringstream snapshot;
-    stepper_.sync_optimizer_state();
-    detail::checkpoint_archive(precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler())
-        .save_to(snapshot);
+    std::stringstream before = snapshot();
     try {
       apply(archive);
     } catch (const c10::Error& e) {
-      torch::serialize::InputArchive old;
-      old.load_from(snapshot, parameter_device());
-      apply(old);
+      restore(before);
       TORCH_CHECK(false, "amp: checkpoint '", path, "' does not fit this model/optimizer (left unchanged): ",
                   e.what_without_backtrace());
     }
+  }
+
+  // The whole training step recorded once in a CUDA graph and replayed per
+  // batch (amp/capture.h): fn(region, batch) returns the loss, as for fit();
+  // `example` is a batch of the shapes to record.
+  //   auto step = trainer.capture(fn, example);  amp::StepResult r = step(batch);
+  template <class F, class Batch>
+  CapturedStep<Trainer, std::decay_t<F>, Batch> capture(F&& fn, const Batch& example) {
+    return CapturedStep<Trainer, std::decay_t<F>, Batch>(*this, std::forward<F>(fn), example);
   }
 
   torch::nn::Module& module() { return *module_; }
@@ -250,6 +255,25 @@ class Trainer {
   int64_t epoch() const { return epoch_; }
 
  private:
+  template <class, class, class>
+  friend class CapturedStep;
+
+  // The whole training state (model, optimizer, scaler, counters) in memory,
+  // and back: load()'s rollback, and capture()'s undoing of its warm-up.
+  // Restoring replaces tensors (generation() changes).
+  std::stringstream snapshot() const {
+    std::stringstream out;
+    stepper_.sync_optimizer_state();
+    detail::checkpoint_archive(precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler()).save_to(out);
+    return out;
+  }
+  void restore(std::stringstream& state) {
+    state.seekg(0);
+    torch::serialize::InputArchive archive;
+    archive.load_from(state, parameter_device());
+    apply(archive);
+  }
+
   // The scale as a tensor without a sync where the scaler has one (torch's
   // _get_scale_async); else its get_scale() (a user-defined scaler).
   at::Tensor scale_tensor() const {
@@ -267,6 +291,7 @@ class Trainer {
       Stepper<scaler_type>& s;
       ~Reload() { s.reload_optimizer_state(); }
     } reload{stepper_};
+    ++generation_;  // the model's and optimizer's tensors are replaced, even by a failed apply
     const CheckpointCounters c = detail::apply_checkpoint(archive, *module_, stepper_.optimizer(), stepper_.scaler());
     stepper_.set_steps(c.step);
     epoch_ = c.epoch;
@@ -351,6 +376,7 @@ class Trainer {
   bool closure_optimizer_ = false;
   int64_t epoch_ = 0;
   int64_t batch_in_epoch_ = 0;
+  uint64_t generation_ = 0;  // counts apply()s: a captured step's tensors are stale after one
 };
 
 }  // namespace amp

@@ -138,8 +138,36 @@ class FusedStep {
 
   // Forgets the device counters and pending buffers and reads the optimizer's
   // state anew at the next step (Adam: counters from step()). For after
-  // optimizer.load(); what was not synced is lost.
-  void reload_from_optimizer() { records_.clear(); }
+  // optimizer.load(); what was not synced is lost. Ends make_static().
+  void reload_from_optimizer() {
+    records_.clear();
+    static_ = false;
+  }
+
+  // Makes the state of every parameter that has a gradient now, as its first
+  // step would (zero moments and counters; SGD buffers flagged "first step
+  // not run" on the device), and from then on keeps every state tensor and
+  // counter: later steps make, replace and drop none, and sync_to_optimizer()
+  // keeps entries whose steps were all skipped (with step 0, which Adam and
+  // SGD treat as a fresh state; SGD with dampening excepted, whose first step
+  // after such a reload is the non-first formula). Each step then runs the
+  // same kernels on the same tensors, which a CUDA graph of the step needs
+  // (amp/capture.h). Until reload_from_optimizer().
+  void make_static() {
+    at::NoGradGuard no_grad;
+    std::vector<fused::Call> calls;
+    for (size_t g = 0; g < optimizer_->param_groups().size(); ++g) gather(g, /*has_found_inf=*/true, calls);
+    made_.clear();
+    if (kind_ == FusedKind::kSGD) {
+      for (auto& r : records_)
+        if (r.second.made_here && !r.second.pending.defined()) {
+          const at::Tensor& buf = static_cast<torch::optim::SGDParamState*>(r.second.state)->momentum_buffer();
+          r.second.pending = at::zeros({}, buf.options().dtype(at::kFloat));
+        }
+    }
+    static_ = true;
+  }
+  bool is_static() const { return static_; }
 
   // The float32 device step counter of `param` (Adam, AdamW), undefined before
   // its first fused step or after reload_from_optimizer().
@@ -341,7 +369,9 @@ class FusedStep {
       const at::Tensor not_done = at::rsub(done, 1);
       sgd(call.bufs, true, found ? at::maximum(*found, done) : done);
       sgd(call.bufs, false, found ? at::maximum(*found, not_done) : not_done);
-      if (found) ran = at::maximum(done, flags.not_found(call.device));
+      // In place: a replayed graph of this step rereads the same flag.
+      done.copy_(found ? at::maximum(done, flags.not_found(call.device)) : at::ones_like(done));
+      if (found || static_) ran = done;  // else the step surely ran: back to one kernel call
     }
     for (c10::TensorImpl* impl : call.impls) {
       Record& r = records_[impl];
@@ -356,7 +386,9 @@ class FusedStep {
     Record& r = it->second;
     auto& map = optimizer_->state();
     if (kind_ == FusedKind::kSGD) {
-      if (value != 0.f) {
+      if (static_) {
+        if (value != 0.f) r.made_here = false;  // the flag tensor stays: a graph may reread it
+      } else if (value != 0.f) {
         r.pending = at::Tensor();
         r.made_here = false;
       } else {
@@ -367,7 +399,7 @@ class FusedStep {
       return;
     }
     const auto step = static_cast<int64_t>(value);
-    if (r.made_here && step == 0) {
+    if (r.made_here && step == 0 && !static_) {
       map.erase(r.key);  // made by a step that was skipped
       records_.erase(it);
       return;
@@ -378,7 +410,7 @@ class FusedStep {
       static_cast<torch::optim::AdamWParamState*>(r.state)->step(step);
     }
     r.host_step = step;
-    r.made_here = false;
+    r.made_here = r.made_here && step == 0;
   }
 
   torch::optim::Optimizer* optimizer_;
@@ -386,6 +418,7 @@ class FusedStep {
   std::vector<c10::DeviceType> devices_;  // devices checked by fused_kind's rules
   std::unordered_map<c10::TensorImpl*, Record> records_;
   std::vector<std::pair<c10::TensorImpl*, compat::OptimStateKey>> made_;  // entries made by the step in progress
+  bool static_ = false;  // make_static(): no state tensor is made, replaced or dropped
 };
 
 }  // namespace detail

@@ -183,6 +183,10 @@ class LossScalerBase {
     return flags.empty() ? last_found_inf_ : sum(flags);
   }
 
+  // amp extension: forgets this iteration's unscale_/step records without
+  // touching the scale, as after an aborted step (a failed capture).
+  void discard_iteration() { reset_optimizer_states(); }
+
  protected:
   LossScalerBase(bool enabled, double init_scale) : enabled_(enabled), init_scale_(init_scale) {}
 

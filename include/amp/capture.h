@@ -1,0 +1,301 @@
+// amp/capture.h: CapturedStep, a Trainer's whole training step recorded once
+// in a CUDA graph and replayed: forward under the policy's autocast, scaled
+// backward, inf/NaN check, clipping, the fused optimizer step and the scale
+// update, one graph launch per step instead of hundreds of kernel launches.
+//
+//   amp::Trainer<amp::Mixed<amp::fp16, amp::DynamicScaler>> trainer(model, optimizer);
+//   auto step = trainer.capture([&](auto& region, const Batch& b) { return loss_of(model, b); }, example_batch);
+//   for (const Batch& b : batches) {
+//     amp::StepResult r = step(b);   // copies b into the graph's inputs, replays; no host sync
+//   }
+//   step.recapture(other_batch);     // other shapes; after trainer.load() or an optimizer option change
+//
+// Capture: a few eager warm-up steps on a side stream (cuBLAS workspaces,
+// allocator, optimizer state), all undone from an in-memory snapshot of the
+// trainer, then one step recorded into a private memory pool with autocast's
+// weight-cast cache off. Every tensor the step changes is updated in place
+// (parameters, optimizer state, step counters, scale), so N replays equal N
+// eager fused steps bit for bit, skips and scale changes included.
+// Requirements and limits: README, "Captured steps (CUDA graphs)".
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "amp/detail/compat_cuda.h"
+#include "amp/detail/compat_ops.h"
+#include "amp/detail/static_batch.h"
+#include "amp/device.h"
+#include "amp/step.h"
+
+namespace amp {
+namespace detail {
+
+// A copy of each param group's options: a CUDA graph replays the learning
+// rate and the other hyperparameters it was captured with, so a change
+// between replays must be caught, not silently ignored.
+class CapturedOptions {
+ public:
+  CapturedOptions() = default;
+  explicit CapturedOptions(const torch::optim::Optimizer& optimizer) {
+    for (const auto& group : optimizer.param_groups()) {
+      options_.push_back(group.options().clone());
+      sizes_.push_back(group.params().size());
+    }
+  }
+
+  // "" when the optimizer's groups and options are as captured, else what changed.
+  std::string changed(const torch::optim::Optimizer& optimizer) const {
+    const auto& groups = optimizer.param_groups();
+    if (groups.size() != options_.size())
+      return "the optimizer has " + std::to_string(groups.size()) + " param groups, the step was captured with " +
+             std::to_string(options_.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (groups[g].params().size() != sizes_[g])
+        return "param group " + std::to_string(g) + " has " + std::to_string(groups[g].params().size()) +
+               " parameters, the step was captured with " + std::to_string(sizes_[g]);
+      if (!same(*options_[g], groups[g].options()))
+        return "the options of param group " + std::to_string(g) + " changed (lr " + std::to_string(lr(*options_[g])) +
+               " at capture, now " + std::to_string(lr(groups[g].options())) + ", or another hyperparameter)";
+    }
+    return "";
+  }
+
+ private:
+  template <class O>
+  static const O* as(const torch::optim::OptimizerOptions& o) {
+    return dynamic_cast<const O*>(&o);
+  }
+  static bool same(const torch::optim::OptimizerOptions& a, const torch::optim::OptimizerOptions& b) {
+    if (const auto* x = as<torch::optim::AdamOptions>(a)) return as<torch::optim::AdamOptions>(b) && *x == *as<torch::optim::AdamOptions>(b);
+    if (const auto* x = as<torch::optim::AdamWOptions>(a)) return as<torch::optim::AdamWOptions>(b) && *x == *as<torch::optim::AdamWOptions>(b);
+    if (const auto* x = as<torch::optim::SGDOptions>(a)) return as<torch::optim::SGDOptions>(b) && *x == *as<torch::optim::SGDOptions>(b);
+    return a.get_lr() == b.get_lr();  // not reached: capture needs a fused kind
+  }
+  static double lr(const torch::optim::OptimizerOptions& o) { return o.get_lr(); }
+
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options_;
+  std::vector<size_t> sizes_;
+};
+
+// Autocast's weight-cast cache off for the scope: a cached cast would be
+// recorded once and never redone, replaying stale weights.
+class AutocastCacheOff {
+ public:
+  AutocastCacheOff() : was_(compat::autocast_cache_enabled()) { compat::set_autocast_cache_enabled(false); }
+  ~AutocastCacheOff() { compat::set_autocast_cache_enabled(was_); }
+  AutocastCacheOff(const AutocastCacheOff&) = delete;
+  AutocastCacheOff& operator=(const AutocastCacheOff&) = delete;
+
+ private:
+  bool was_;
+};
+
+template <class S, class = void>
+struct has_discard_iteration : std::false_type {};
+template <class S>
+struct has_discard_iteration<S, std::void_t<decltype(std::declval<S&>().discard_iteration())>> : std::true_type {};
+
+}  // namespace detail
+
+// The captured step of a Trainer (Trainer::capture). Move-only; the Trainer
+// must outlive it. Not thread-safe, as the Trainer.
+template <class TrainerT, class F, class Batch>
+class CapturedStep {
+  static_assert(std::is_same_v<typename TrainerT::device, CUDA>,
+                "amp: capture() records the training step in a CUDA graph, which exists only on amp::CUDA; on amp::CPU "
+                "call trainer.step(fn) (eager steps have no per-launch cost to save there)");
+
+ public:
+  // Eager warm-up steps before the capture, all undone afterwards.
+  static constexpr int kWarmupSteps = 3;
+
+  CapturedStep(TrainerT& trainer, F fn, const Batch& example)
+      : trainer_(&trainer), fn_(std::move(fn)), inputs_(example, trainer.parameter_device()) {
+    record();
+  }
+  CapturedStep(CapturedStep&&) = default;
+  CapturedStep& operator=(CapturedStep&&) = default;
+  CapturedStep(const CapturedStep&) = delete;
+  CapturedStep& operator=(const CapturedStep&) = delete;
+  ~CapturedStep() = default;
+
+  // One training step on `batch`: checks it against the captured batch
+  // (shape, dtype, device of every tensor; "amp: ..." naming the first that
+  // differs), copies it into the graph's inputs and replays. The result's
+  // tensors are the graph's outputs: valid until the next replay (clone them
+  // to keep them). No host sync.
+  StepResult operator()(const Batch& batch) {
+    check_replayable();
+    inputs_.copy_from(batch);
+    replay();
+    return result_;
+  }
+
+  // Captures again: with the same batch shapes, or for `example`'s. Needed
+  // after trainer.load(), after a change of the optimizer's options (lr
+  // included), and for other batch shapes.
+  void recapture() { record(); }
+  void recapture(const Batch& example) {
+    inputs_ = detail::StaticBatch<Batch>(example, trainer_->parameter_device());
+    record();
+  }
+
+  // Bytes of device memory the graph's private pool holds (the activations
+  // and temporaries of one step), measured at capture.
+  int64_t pool_bytes() const { return pool_bytes_; }
+  int64_t replays() const { return replays_; }
+  // The tensors the graph reads its batch from.
+  const Batch& static_inputs() const { return inputs_.buffers(); }
+
+ private:
+  void check_replayable() const {
+    TORCH_CHECK(captured_, "amp: this step has no graph (its capture failed); call recapture()");
+    TORCH_CHECK(generation_ == trainer_->generation_,
+                "amp: trainer.load() replaced the tensors this step was captured with; call recapture() before "
+                "replaying it");
+    const std::string changed = options_.changed(trainer_->stepper_.optimizer());
+    TORCH_CHECK(changed.empty(), "amp: ", changed,
+                " since the step was captured, and a CUDA graph replays the values it was captured with; call "
+                "recapture() after changing the optimizer");
+  }
+
+  // One eager step of the captured kind: gradients zeroed in place (the graph
+  // keeps writing the same tensors), forward under the policy's region, the
+  // Stepper's backward and fused step.
+  StepResult run_step() {
+    std::vector<at::Tensor> grads = current_grads();
+    if (!grads.empty()) at::_foreach_zero_(grads);
+    using Region = typename TrainerT::region_type;
+    auto forward = [&](Region& region) { return fn_(region, inputs_.buffers()); };
+    at::Tensor loss = trainer_->forward(forward);
+    return trainer_->stepper_.step_on_zeroed(loss);
+  }
+
+  std::vector<at::Tensor> current_grads() const {
+    std::vector<at::Tensor> grads;
+    for (const auto& group : trainer_->stepper_.optimizer().param_groups())
+      for (const auto& p : group.params())
+        if (p.grad().defined()) grads.push_back(p.grad());
+    return grads;
+  }
+
+  void record() {
+    captured_ = false;
+    const std::string why = trainer_->stepper_.capture_blocker();
+    TORCH_CHECK(why.empty(), "amp: ", why);
+#if AMP_WITH_CUDA
+    record_on_device();
+#else
+    TORCH_CHECK(false, "amp: capture() needs a LibTorch built with CUDA (this one has no CUDA graphs) and amp built "
+                "with AMP_WITH_CUDA=1; train with trainer.step(fn)");
+#endif
+  }
+
+  void replay() {
+#if AMP_WITH_CUDA
+    c10::cuda::CUDAGuard device_guard(trainer_->parameter_device());
+    graph_->replay();
+#endif
+    trainer_->stepper_.set_steps(trainer_->stepper_.steps() + 1);
+    ++replays_;
+  }
+
+#if AMP_WITH_CUDA
+  void record_on_device() {
+    namespace compat = detail::compat;
+    const c10::Device device = trainer_->parameter_device();
+    const c10::DeviceIndex index = device.index();
+    c10::cuda::CUDAGuard device_guard(device);
+    graph_.reset();
+    keep_.clear();
+    // The trainer as it is now: the warm-up's steps are undone from it, and a
+    // failed capture leaves the trainer as it was.
+    std::stringstream before = trainer_->snapshot();
+    const at::Tensor rng = compat::cuda_rng_state(index);
+    const int64_t steps = trainer_->stepper_.steps();
+    auto undo = [&] {
+      trainer_->restore(before);
+      compat::set_cuda_rng_state(index, rng);
+      trainer_->stepper_.set_steps(steps);
+      if constexpr (detail::has_discard_iteration<typename TrainerT::scaler_type>::value)
+        trainer_->stepper_.scaler().discard_iteration();
+    };
+    try {
+      compat::cuda_synchronize();
+      {
+        c10::cuda::CUDAStreamGuard stream_guard(compat::side_stream(index));
+        for (int i = 0; i < kWarmupSteps; ++i) run_step();
+      }
+      compat::cuda_synchronize();
+      undo();
+      trainer_->stepper_.make_static();  // state made now, kept fixed: the graph's tensors
+      keep_ = current_grads();           // the graph zeroes them in place: kept alive
+      options_ = detail::CapturedOptions(trainer_->stepper_.optimizer());
+      auto graph = std::make_unique<compat::CudaGraph>();
+      const int64_t reserved = compat::cuda_reserved_bytes(index);
+      {
+        c10::cuda::CUDAStreamGuard stream_guard(compat::side_stream(index));
+        detail::AutocastCacheOff cache_off;
+        graph->capture_begin();
+        try {
+          result_ = run_step();
+        } catch (...) {
+          try {
+            graph->capture_end();
+          } catch (...) {
+          }
+          throw;
+        }
+        graph->capture_end();
+      }
+      compat::cuda_synchronize();
+      pool_bytes_ = compat::cuda_reserved_bytes(index) - reserved;
+      for (at::Tensor& g : current_grads()) keep_.push_back(g);  // the graph's own (its pool)
+      graph_ = std::move(graph);
+      trainer_->stepper_.set_steps(steps);  // capture ran no step
+      generation_ = trainer_->generation_;
+      captured_ = true;
+    } catch (const std::exception& e) {
+      const auto* error = dynamic_cast<const c10::Error*>(&e);
+      const std::string what = error != nullptr ? error->what_without_backtrace() : e.what();
+      graph_.reset();
+      keep_.clear();
+      try {
+        compat::cuda_synchronize();
+        undo();
+      } catch (...) {
+      }
+      TORCH_CHECK(false, "amp: capturing the step failed (the trainer is left as it was): ", what,
+                  "\nA captured step may not read device values on the host (.item(), printing a tensor, a branch "
+                  "on a tensor's value), synchronize, or use CPU tensors in the forward; train such a step eagerly");
+    }
+  }
+
+  std::unique_ptr<detail::compat::CudaGraph> graph_;
+#endif
+
+  TrainerT* trainer_;
+  F fn_;
+  detail::StaticBatch<Batch> inputs_;
+  StepResult result_;
+  detail::CapturedOptions options_;
+  std::vector<at::Tensor> keep_;  // tensors the graph writes that nothing else may own
+  uint64_t generation_ = 0;
+  int64_t pool_bytes_ = 0;
+  int64_t replays_ = 0;
+  bool captured_ = false;
+};
+
+}  // namespace amp

@@ -1,0 +1,337 @@
+// amp/capture.h on CPU: everything of the captured step that does not need a
+// GPU. The batch's static buffers and their checks (shape, dtype, device and
+// layout, named by place), the amp: reasons a step cannot be captured, the
+// detection of optimizer option changes, the in-place zeroing step, and
+// FusedStep::make_static, on which replaying a graph relies: static steps
+// equal ordinary fused steps bit for bit (skips included) while every state
+// tensor and counter stays the same object. The capture itself runs in
+// tests/cuda/capture_cuda_test.cc; on amp::CPU it does not compile
+// (tests/compile_fail/capture_on_cpu.cc).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <array>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "amp/amp.h"
+#include "error_of.h"
+
+namespace {
+
+using amp::detail::StaticBatch;
+using amp_test::error_of;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr bool kFusedCpu = amp::detail::compat::kCpuHasFusedOptimizers;
+const c10::Device kCpu(c10::DeviceType::CPU);
+
+// --- the batch's static buffers ------------------------------------------------
+
+using Pair = std::pair<at::Tensor, at::Tensor>;
+
+TEST(StaticBatch, BuffersAreCopiesOfTheExampleOnTheDevice) {
+  const Pair example{torch::randn({4, 3}), torch::arange(4)};
+  StaticBatch<Pair> inputs(example, kCpu);
+  EXPECT_EQ(inputs.size(), 2u);
+  EXPECT_TRUE(torch::equal(inputs.buffers().first, example.first));
+  EXPECT_TRUE(torch::equal(inputs.buffers().second, example.second));
+  EXPECT_NE(inputs.buffers().first.data_ptr(), example.first.data_ptr()) << "a buffer must not alias the example";
+}
+
+TEST(StaticBatch, CopyFromRefillsTheSameBuffers) {
+  StaticBatch<Pair> inputs(Pair{torch::zeros({4, 3}), torch::zeros({4}, torch::kLong)}, kCpu);
+  void* const first = inputs.buffers().first.data_ptr();
+  const Pair batch{torch::randn({4, 3}), torch::arange(4)};
+  inputs.copy_from(batch);
+  EXPECT_EQ(inputs.buffers().first.data_ptr(), first) << "the graph reads fixed addresses";
+  EXPECT_TRUE(torch::equal(inputs.buffers().first, batch.first));
+  EXPECT_TRUE(torch::equal(inputs.buffers().second, batch.second));
+}
+
+TEST(StaticBatch, NamesTheTensorWhoseShapeDiffers) {
+  StaticBatch<Pair> inputs(Pair{torch::zeros({64, 8}), torch::zeros({64, 8})}, kCpu);
+  const std::string e = error_of([&] { inputs.copy_from(Pair{torch::zeros({64, 8}), torch::zeros({32, 8})}); });
+  EXPECT_THAT(e, AllOf(HasSubstr("amp: the step was captured for batch.second of shape [64, 8]"),
+                       HasSubstr("but got shape [32, 8]"), HasSubstr("recapture(batch)")));
+  EXPECT_TRUE(torch::equal(inputs.buffers().first, torch::zeros({64, 8}))) << "nothing copied on error";
+}
+
+TEST(StaticBatch, NamesDtypeAndDeviceDifferences) {
+  StaticBatch<Pair> inputs(Pair{torch::zeros({2}), torch::zeros({2})}, kCpu);
+  EXPECT_THAT(error_of([&] { inputs.check(Pair{torch::zeros({2}, torch::kDouble), torch::zeros({2})}); }),
+              AllOf(HasSubstr("batch.first"), HasSubstr("Float"), HasSubstr("Double")));
+  EXPECT_THAT(error_of([&] { inputs.check(Pair{torch::zeros({2}), torch::empty({2}, torch::kMeta)}); }),
+              AllOf(HasSubstr("batch.second"), HasSubstr("on cpu"), HasSubstr("on meta")));
+  EXPECT_THAT(error_of([&] { inputs.check(Pair{torch::zeros({2}), at::Tensor()}); }),
+              HasSubstr("amp: batch.second is an undefined tensor"));
+}
+
+TEST(StaticBatch, VectorsTuplesArraysAndExamples) {
+  using Nested = std::tuple<std::vector<at::Tensor>, std::array<at::Tensor, 2>, torch::data::Example<>>;
+  const Nested example{{torch::zeros({3}), torch::zeros({3})},
+                       {torch::zeros({1}), torch::zeros({1})},
+                       torch::data::Example<>(torch::zeros({5, 2}), torch::zeros({5}))};
+  StaticBatch<Nested> inputs(example, kCpu);
+  EXPECT_EQ(inputs.size(), 6u);
+  Nested longer = example;
+  std::get<0>(longer).push_back(torch::zeros({3}));
+  EXPECT_THAT(error_of([&] { inputs.check(longer); }),
+              AllOf(HasSubstr("amp: the batch is laid out differently"), HasSubstr("std::get<1>(batch)[0]"),
+                    HasSubstr("std::get<0>(batch)[2]")));
+  Nested shorter = example;
+  std::get<0>(shorter).pop_back();
+  EXPECT_THAT(error_of([&] { inputs.check(shorter); }), HasSubstr("amp: the batch is laid out differently"));
+  Nested target = example;
+  std::get<2>(target).target = torch::zeros({6});
+  EXPECT_THAT(error_of([&] { inputs.check(target); }), HasSubstr("std::get<2>(batch).target of shape [5]"));
+  Nested same = example;
+  EXPECT_EQ(error_of([&] { inputs.copy_from(same); }), "<no error>");
+
+  using Unlabelled = torch::data::Example<at::Tensor, torch::data::example::NoTarget>;
+  StaticBatch<Unlabelled> data_only(Unlabelled(torch::ones({2})), kCpu);
+  EXPECT_EQ(data_only.size(), 1u);
+  EXPECT_THAT(error_of([&] { data_only.check(Unlabelled(torch::ones({3}))); }), HasSubstr("batch.data of shape [2]"));
+}
+
+// --- why a step cannot be captured ------------------------------------------------
+
+struct Net : torch::nn::Module {
+  Net() : fc1(register_module("fc1", torch::nn::Linear(8, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+
+struct CountingSync : amp::GradientSync {
+  void begin_backward(bool) override {}
+  void finish_backward() override {}
+};
+
+TEST(CaptureBlocker, TheFusedPathWithOneMicroBatchCanBeCaptured) {
+  auto net = std::make_shared<Net>();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
+  amp::Stepper<amp::DynamicScaler> stepper(adam);
+  if (kFusedCpu) {
+    EXPECT_EQ(stepper.capture_blocker(), "");
+  } else {
+    // LibTorch < 2.4 has no fused CPU kernels: the reason names the fused step.
+    EXPECT_THAT(stepper.capture_blocker(), HasSubstr("capture() needs the fused, sync-free optimizer step"));
+  }
+}
+
+TEST(CaptureBlocker, SaysWhatToChange) {
+  auto net = std::make_shared<Net>();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
+  amp::Stepper<amp::DynamicScaler> unfused(adam, amp::StepperOptions().fused(false));
+  EXPECT_THAT(unfused.capture_blocker(), AllOf(HasSubstr("fused, sync-free optimizer step"), HasSubstr("unfused"),
+                                               HasSubstr("TrainerOptions().fused(true)")));
+  torch::optim::RMSprop rmsprop(net->parameters(), torch::optim::RMSpropOptions(1e-3));
+  amp::Stepper<amp::NoScaler> other(rmsprop);
+  EXPECT_THAT(other.capture_blocker(), HasSubstr("use torch::optim::Adam, AdamW or SGD"));
+  if (!kFusedCpu) return;  // the next two reasons come after the fused one
+  amp::Stepper<amp::DynamicScaler> accumulating(adam, amp::StepperOptions().accumulation_steps(4));
+  EXPECT_THAT(accumulating.capture_blocker(),
+              AllOf(HasSubstr("accumulation_steps is 4"), HasSubstr("set accumulation_steps(1)")));
+  amp::Stepper<amp::DynamicScaler> synced(adam);
+  CountingSync sync;
+  synced.set_gradient_sync(&sync);
+  EXPECT_THAT(synced.capture_blocker(), HasSubstr("a GradientSync is installed"));
+  synced.set_gradient_sync(nullptr);
+  EXPECT_EQ(synced.capture_blocker(), "");
+}
+
+TEST(CaptureBlocker, MakeStaticRefusesTheUnfusedPath) {
+  auto net = std::make_shared<Net>();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
+  amp::Stepper<amp::NoScaler> unfused(adam, amp::StepperOptions().fused(false));
+  EXPECT_THAT(error_of([&] { unfused.make_static(); }), HasSubstr("amp: make_static() needs the fused step"));
+}
+
+// --- optimizer options baked into a graph ---------------------------------------
+
+TEST(CapturedOptions, SeesLrAndOtherHyperparameterChanges) {
+  auto net = std::make_shared<Net>();
+  torch::optim::AdamW adamw(net->fc1->parameters(), torch::optim::AdamWOptions(1e-3));
+  amp::detail::CapturedOptions captured(adamw);
+  EXPECT_EQ(captured.changed(adamw), "");
+  adamw.param_groups()[0].options().set_lr(5e-4);
+  EXPECT_THAT(captured.changed(adamw),
+              AllOf(HasSubstr("param group 0 changed"), HasSubstr("lr 0.001000 at capture, now 0.000500")));
+  adamw.param_groups()[0].options().set_lr(1e-3);
+  EXPECT_EQ(captured.changed(adamw), "");
+  static_cast<torch::optim::AdamWOptions&>(adamw.param_groups()[0].options()).weight_decay(0.5);
+  EXPECT_THAT(captured.changed(adamw), HasSubstr("or another hyperparameter"));
+  static_cast<torch::optim::AdamWOptions&>(adamw.param_groups()[0].options()).weight_decay(1e-2);
+  EXPECT_EQ(captured.changed(adamw), "");
+  adamw.add_param_group(torch::optim::OptimizerParamGroup(net->fc2->parameters()));
+  EXPECT_THAT(captured.changed(adamw), HasSubstr("the optimizer has 2 param groups, the step was captured with 1"));
+
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  amp::detail::CapturedOptions sgd_captured(sgd);
+  static_cast<torch::optim::SGDOptions&>(sgd.param_groups()[0].options()).nesterov(true);
+  EXPECT_THAT(sgd_captured.changed(sgd), HasSubstr("or another hyperparameter"));
+}
+
+// --- the captured kind of step, run eagerly ---------------------------------------
+
+// step_on_zeroed (gradients zeroed in place by the caller, as the graph does)
+// gives the same bits as step() (zero_grad()).
+TEST(StepOnZeroed, EqualsStep) {
+  torch::manual_seed(3);
+  auto a = std::make_shared<Net>();
+  auto b = std::make_shared<Net>();
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < a->parameters().size(); ++i) b->parameters()[i].copy_(a->parameters()[i]);
+  }
+  torch::optim::Adam oa(a->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam ob(b->parameters(), torch::optim::AdamOptions(1e-2));
+  amp::Stepper<amp::DynamicScaler> sa(oa, amp::StepperOptions().max_grad_norm(0.5),
+                                      amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.)));
+  amp::Stepper<amp::DynamicScaler> sb(ob, amp::StepperOptions().max_grad_norm(0.5),
+                                      amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.)));
+  for (int i = 0; i < 6; ++i) {
+    const auto x = torch::randn({32, 8}), y = torch::randn({32, 4});
+    if (i == 3) x[0][0] = std::numeric_limits<float>::infinity();
+    sa.step(torch::mse_loss(a->forward(x), y));
+    std::vector<at::Tensor> grads;
+    for (const auto& p : b->parameters())
+      if (p.grad().defined()) grads.push_back(p.grad());
+    if (!grads.empty()) at::_foreach_zero_(grads);
+    sb.step_on_zeroed(torch::mse_loss(b->forward(x), y));
+  }
+  for (size_t i = 0; i < a->parameters().size(); ++i)
+    EXPECT_TRUE(torch::equal(a->parameters()[i], b->parameters()[i])) << "parameter " << i;
+  EXPECT_EQ(sa.scaler().get_scale(), sb.scaler().get_scale());
+}
+
+// --- FusedStep::make_static -------------------------------------------------
+
+enum class Opt { kAdam, kAdamW, kSgd, kSgdDampened };
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt o, const std::vector<at::Tensor>& params) {
+  switch (o) {
+    case Opt::kAdam:
+      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2).amsgrad(true));
+    case Opt::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2));
+    case Opt::kSgd:
+      return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+    case Opt::kSgdDampened:
+      return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9).dampening(0.5));
+  }
+  return nullptr;
+}
+
+// The state tensors of every parameter, in a fixed order.
+std::vector<at::Tensor> state_tensors(torch::optim::Optimizer& opt, const amp::FusedStep& fused) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : opt.param_groups()[0].params()) {
+    auto it = opt.state().find(amp::detail::compat::optim_state_key(p.unsafeGetTensorImpl()));
+    if (it == opt.state().end()) continue;
+    if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+      out.insert(out.end(), {s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()});
+    } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+      out.insert(out.end(), {w->exp_avg(), w->exp_avg_sq()});
+    } else if (auto* m = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+      out.push_back(m->momentum_buffer());
+    }
+    const at::Tensor count = fused.step_count(p);
+    if (count.defined()) out.push_back(count);
+  }
+  return out;
+}
+
+class MakeStatic : public ::testing::TestWithParam<Opt> {};
+
+// Static steps (all state made first, kept fixed) against ordinary fused
+// steps, with inf/NaN on random steps: the same bits, and the same tensors
+// (data pointers) from the first step to the last, syncs included.
+TEST_P(MakeStatic, EqualsOrdinaryFusedStepsOnTheSameTensors) {
+  if (!kFusedCpu) GTEST_SKIP() << "LibTorch < 2.4 has no fused CPU kernels";
+  torch::manual_seed(11);
+  std::vector<at::Tensor> pa, pb;
+  for (const auto& sizes : std::vector<std::vector<int64_t>>{{17, 5}, {33}, {4, 4, 3}}) {
+    pa.push_back(torch::randn(sizes).requires_grad_());
+    pb.push_back(pa.back().detach().clone().requires_grad_());
+  }
+  auto oa = make_optimizer(GetParam(), pa);
+  auto ob = make_optimizer(GetParam(), pb);
+  amp::FusedStep fa(*oa), fb(*ob);
+  std::mt19937 rng(5);
+  auto set_grads = [&](int step, bool poison) {
+    torch::manual_seed(100 + step);
+    for (size_t i = 0; i < pa.size(); ++i) {
+      at::Tensor g = torch::randn(pa[i].sizes()) * 64.0;
+      if (poison && i == static_cast<size_t>(step) % pa.size()) g.view(-1)[0] = (step % 2) ? NAN : INFINITY;
+      pa[i].mutable_grad() = g.clone();
+      pb[i].mutable_grad() = g.clone();
+    }
+  };
+  set_grads(0, false);
+  fb.make_static();
+  EXPECT_TRUE(fb.is_static());
+  const std::vector<at::Tensor> fixed = state_tensors(*ob, fb);
+  ASSERT_FALSE(fixed.empty());
+  std::vector<void*> addresses;
+  for (const auto& t : fixed) addresses.push_back(t.data_ptr());
+  const at::Tensor scale = torch::full({}, 64.0f);
+  // The first two steps skipped: state made by skipped steps must still work.
+  for (int step = 0; step < 40; ++step) {
+    const bool poison = step < 2 || std::uniform_int_distribution<int>(0, 3)(rng) == 0;
+    set_grads(step, poison);
+    auto found = [&](const std::vector<at::Tensor>& params) {
+      at::Tensor f = torch::zeros({});
+      for (const auto& p : params) f = torch::maximum(f, (~torch::isfinite(p.grad())).any().to(torch::kFloat));
+      return f;
+    };
+    fa.step(scale, found(pa));
+    fb.step(scale, found(pb));
+    if (step == 20) {
+      fa.sync_to_optimizer();
+      fb.sync_to_optimizer();
+    }
+  }
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+  const std::vector<at::Tensor> after = state_tensors(*ob, fb);
+  ASSERT_EQ(after.size(), fixed.size());
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i].data_ptr(), addresses[i]) << "state tensor " << i;
+  const std::vector<at::Tensor> ordinary = state_tensors(*oa, fa);
+  ASSERT_EQ(ordinary.size(), after.size());
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(torch::equal(ordinary[i], after[i])) << "state tensor " << i;
+}
+
+// make_static keeps entries whose steps were all skipped (step 0, zero
+// moments), where an ordinary fused step drops them at the sync.
+TEST_P(MakeStatic, KeepsTheStateOfSkippedStepsAtTheSync) {
+  if (!kFusedCpu) GTEST_SKIP() << "LibTorch < 2.4 has no fused CPU kernels";
+  at::Tensor p = torch::randn({6}).requires_grad_();
+  p.mutable_grad() = torch::ones({6});
+  auto opt = make_optimizer(GetParam(), {p});
+  amp::FusedStep fused(*opt);
+  fused.make_static();
+  fused.step(at::Tensor(), torch::ones({}));  // skipped
+  fused.sync_to_optimizer();
+  ASSERT_EQ(opt->state().size(), 1u) << "the entry the graph writes must stay in optimizer.state()";
+  amp::FusedStep ordinary(*opt);
+  opt->state().clear();
+  ordinary.step(at::Tensor(), torch::ones({}));
+  ordinary.sync_to_optimizer();
+  EXPECT_EQ(opt->state().size(), 0u) << "an ordinary skipped first step leaves no state";
+}
+
+std::string opt_name(const ::testing::TestParamInfo<Opt>& info) {
+  static const std::array<const char*, 4> names = {"Adam", "AdamW", "Sgd", "SgdDampened"};
+  return names[static_cast<size_t>(info.param)];
+}
+INSTANTIATE_TEST_SUITE_P(Optimizers, MakeStatic,
+                         ::testing::Values(Opt::kAdam, Opt::kAdamW, Opt::kSgd, Opt::kSgdDampened), opt_name);
+
+}  // namespace
