@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "amp/detail/compat.h"
+#include "amp/detail/compat_c10d.h"
 #include "amp/distributed.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/trainer.h"
@@ -81,26 +82,94 @@ void check_identical(const amp::DataParallel& dp, T& trainer, const std::string&
     check(torch::equal(all[0], all[r]), what + ": rank " + std::to_string(r) + " differs from rank 0 (bitwise)");
 }
 
+// adam_eps: 1e-4 for True<fp16> (the Trainer rejects an eps that rounds to 0 in fp16).
 template <class Policy>
-void train_identical(amp::GradCompression compression, int64_t steps) {
+void train_identical(amp::GradCompression compression, int64_t steps, double adam_eps = 1e-8) {
   auto pg = init();
   torch::manual_seed(static_cast<uint64_t>(pg.rank()));  // different initial weights: the broadcast fixes them
   auto net = make_net();
-  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2).eps(adam_eps));
   amp::Trainer<Policy, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
   amp::DataParallel dp(pg, trainer, amp::DataParallelOptions().compression(compression));
   check(trainer.stepper().gradient_sync() == &dp, "DataParallel did not install itself");
+  const torch::Tensor p0 = net->parameters().front();  // True<D>: the batches in D too
+  const torch::Tensor initial = p0.detach().clone();    // rank 0's, after the broadcast
   for (int64_t s = 0; s < steps; ++s) {
     auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
-    auto r = trainer.step([&](auto&) { return torch::mse_loss(net->forward(x), y); });
+    x = x.to(p0.scalar_type()), y = y.to(p0.scalar_type());
+    // (p - y)^2's mean: LibTorch 1.13 has no CPU mse_loss for bf16.
+    auto r = trainer.step([&](auto&) { return (net->forward(x) - y).pow(2).mean(); });
     // fp16 with a loss scale of 65536 skips its first steps (scale backs off), as torch's GradScaler.
     check(!r.skipped() || amp::uses_loss_scaling_v<typename amp::Trainer<Policy, amp::CPU>::scaler_type>,
           "step " + std::to_string(s) + " skipped");
   }
   check(dp.allreduces() == steps * dp.buckets(), "all-reduces " + std::to_string(dp.allreduces()) + " != steps * buckets");
+  check(!torch::equal(initial, p0.detach()), "the first parameter did not change");
   check_identical(dp, trainer, trainer.precision);
   std::cout << "PASS " << g_case << " " << trainer.precision << " world " << pg.world_size() << " buckets "
-            << dp.buckets() << " all-reduces " << dp.allreduces() << std::endl;
+            << dp.buckets() << " all-reduces " << dp.allreduces() << " (" << p0.scalar_type() << " gradients sent as "
+            << pg.wire_dtype(p0) << ")" << std::endl;
+}
+
+// True<D> (parameters, gradients and Adam's state in D) across processes;
+// where this LibTorch cannot train D on CPU (fp16 before 2.3) it says so.
+template <class D>
+void train_true(int64_t steps) {
+  using P = amp::True<D>;
+  if constexpr (amp::is_supported_v<P, amp::CPU>) {
+    train_identical<P>(amp::GradCompression::kNone, steps, 1e-4);
+  } else {
+    std::cout << "PASS " << g_case << " (skipped: LibTorch " << TORCH_VERSION << " cannot train "
+              << amp::policy_traits<P>::name << " on CPU; half_grads covers its all-reduce)" << std::endl;
+  }
+}
+
+// Gradients in bf16 and in fp16 through DataParallel on every LibTorch line
+// (a Stepper and an elementwise model: 1.13 has no CPU fp16 matmul), SGD
+// with momentum in the same dtype: the first average is the ranks' mean, and
+// every rank ends bit-identical.
+void half_grads() {
+  auto pg = init();
+  for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    torch::manual_seed(static_cast<uint64_t>(pg.rank()));
+    torch::Tensor w = (torch::randn({16, 4}) * 0.1).to(dtype).requires_grad_();
+    torch::Tensor b = torch::zeros({4}).to(dtype).requires_grad_();
+    torch::optim::SGD opt({w, b}, torch::optim::SGDOptions(0.05).momentum(0.9));
+    // Unfused: LibTorch 2.6's CPU _fused_sgd_ leaves bf16/fp16 parameters
+    // unchanged (measured; an amp::Stepper with SGD on them does not train).
+    amp::Stepper<amp::NoScaler> stepper(opt, amp::StepperOptions().fused(false));
+    std::vector<torch::Tensor> params{w, b};
+    amp::DataParallel dp(pg, params);
+    stepper.set_gradient_sync(&dp);
+    const torch::Tensor w0 = w.detach().clone();  // rank 0's, after the broadcast
+    for (int64_t s = 0; s < 10; ++s) {
+      auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
+      x = x.to(dtype), y = y.to(dtype);
+      torch::Tensor pred = (x.unsqueeze(2) * w).sum(1) + b;  // x @ w, elementwise
+      torch::Tensor loss = (pred - y).pow(2).mean();
+      if (s == 0) {
+        // The average: every rank's own gradient (DataParallel's hook ignores
+        // this backward), summed in fp32, halved, rounded once to dtype.
+        const torch::Tensor mine = torch::autograd::grad({loss}, {w}, {}, /*retain_graph=*/true)[0];
+        torch::Tensor sum = torch::zeros({16, 4});
+        for (const auto& g : pg.allgather(mine, "test gather")) sum += g.to(torch::kFloat);
+        stepper.step(loss);
+        check(torch::equal(w.grad(), (sum / pg.world_size()).to(dtype)),
+              std::string(c10::toString(dtype)) + ": the averaged gradient differs from the mean of the ranks'");
+        continue;
+      }
+      stepper.step(loss);
+    }
+    check(dp.allreduces() == 10 * dp.buckets(), "all-reduces " + std::to_string(dp.allreduces()));
+    const torch::Tensor bits = torch::cat({w.detach().reshape({-1}), b.detach().reshape({-1})}).to(torch::kFloat);
+    auto all = pg.allgather(bits, "test gather");
+    for (size_t r = 1; r < all.size(); ++r)
+      check(torch::equal(all[0], all[r]), std::string(c10::toString(dtype)) + ": ranks differ (bitwise)");
+    check(!torch::equal(w0, w.detach()), "w did not change");
+    std::cout << "half_grads: " << dtype << " gradients sent as " << pg.wire_dtype(w) << ", ranks identical after 10 "
+              << "steps" << std::endl;
+  }
+  std::cout << "PASS " << g_case << std::endl;
 }
 
 // 2 ranks with batch B each == 1 process with batch 2B, to fp32 rounding.
@@ -316,16 +385,20 @@ int main(int argc, char** argv) {
 #else
       std::cout << "PASS fp16 (skipped: no CPU fp16 autocast before LibTorch 2.3)" << std::endl;
 #endif
-    } else if (g_case == "compress_bf16" && TORCH_VERSION_MAJOR < 2) {
+    } else if (g_case == "compress_bf16" && !amp::detail::compat::kGlooHasBFloat16) {
       try {
         train_identical<amp::True<amp::fp32>>(amp::GradCompression::kBf16, 10);
       } catch (const c10::Error& e) {
         const std::string msg = e.what_without_backtrace();
-        check(msg.find("amp: DataParallelOptions::compression(kBf16) needs LibTorch >= 2.0") == 0, "message: " + msg);
-        std::cout << "PASS compress_bf16 (rejected before LibTorch 2.0: " << msg << ")" << std::endl;
+        check(msg.find("amp: DataParallelOptions::compression(kBf16) on CPU needs LibTorch >= 2.6") == 0,
+              "message: " + msg);
+        std::cout << "PASS compress_bf16 (rejected: " << msg << ")" << std::endl;
       }
     } else if (g_case == "compress_fp16") train_identical<amp::True<amp::fp32>>(amp::GradCompression::kFp16, 10);
     else if (g_case == "compress_bf16") train_identical<amp::True<amp::fp32>>(amp::GradCompression::kBf16, 10);
+    else if (g_case == "true_bf16") train_true<amp::bf16>(20);
+    else if (g_case == "true_fp16") train_true<amp::fp16>(20);
+    else if (g_case == "half_grads") half_grads();
     else if (g_case == "parity") parity();
     else if (g_case == "inf") inf_one_rank();
     else if (g_case == "accumulate") accumulate();

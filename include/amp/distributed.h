@@ -1,5 +1,6 @@
 // amp/distributed.h: data-parallel training on c10d (LibTorch's own
-// distributed engine), CPU processes over Gloo.
+// distributed engine): CPU processes over Gloo; CUDA ones over NCCL where
+// LibTorch has it (AMP_HAS_NCCL; compiled, never run so far: README).
 //
 //   // launched as N processes: tools/launch -n 2 -- ./train   (or torchrun)
 //   amp::ProcessGroup pg = amp::init_process_group();      // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -18,7 +19,9 @@
 // averaged while scaled, so every rank unscales the same values, makes the
 // same skip decision and keeps the same loss scale (an inf on one rank reaches
 // all through the sum). Optionally the buckets travel as fp16 or bf16 (DDP's
-// fp16_compress_hook / bf16_compress_hook). Every wait is bounded by
+// fp16_compress_hook / bf16_compress_hook). A bucket whose dtype this
+// LibTorch's Gloo lacks (bf16 before 2.6) travels as an fp32 copy, averaged
+// in fp32 and rounded back once. Every wait is bounded by
 // ProcessGroupOptions::timeout: a dead or stopped peer is an amp: error.
 //
 // Needs Gloo's headers (Debian: libgloo-dev); defines USE_C10D_GLOO for them.
@@ -74,6 +77,7 @@ struct Bucket {
   std::vector<int64_t> offsets;   // each parameter's offset in flat
   std::vector<bool> ready;        // per parameter: its gradient is in flat
   size_t pending = 0;             // parameters not ready yet
+  bool divided = false;           // comm was divided by the world size before the sum (compression)
   c10::intrusive_ptr<c10d::Work> work;
 };
 }  // namespace detail
@@ -148,11 +152,11 @@ class DataParallel : public GradientSync {
       pg_.wait(b.work, "gradient all-reduce (bucket " + std::to_string(bi) + " of " +
                            std::to_string(buckets_.size()) + ")");
       b.work.reset();
-      if (b.comm.data_ptr() != b.flat.data_ptr()) {
-        b.flat.copy_(b.comm);  // compressed: divided before the sum
-      } else {
-        b.flat.div_(ws);
-      }
+      // World size 1: the sum is the gradient itself and x / 1 is exact, so
+      // .grad ends as it would without DataParallel, bit for bit.
+      if (!b.divided) b.comm.div_(ws);
+      if (!b.comm.is_same(b.flat)) b.flat.copy_(b.comm);  // compressed or widened: back to the gradients' dtype
+      b.comm.reset();
       for (size_t k = 0; k < b.params.size(); ++k) {
         at::Tensor& p = params_[b.params[k]];
         const at::Tensor avg = slot(b, k);
@@ -255,18 +259,30 @@ class DataParallel : public GradientSync {
     TORCH_CHECK(!params_.empty(), "amp: DataParallel needs the model's parameters; got none");
     TORCH_CHECK(options_.bucket_cap_mb() > 0, "amp: DataParallelOptions::bucket_cap_mb must be > 0, got ",
                 options_.bucket_cap_mb());
+    for (size_t i = 0; i < params_.size(); ++i)
+      TORCH_CHECK(params_[i].defined(), "amp: DataParallel: parameter ", name(i), " is undefined; pass the "
+                  "model's parameters");
+    const c10::Device device = params_.front().device();
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto& p = params_[i];
-      TORCH_CHECK(p.defined() && p.device().is_cpu(), "amp: DataParallel runs on Gloo with CPU tensors; parameter ",
-                  name(i), " is ", p.defined() ? p.device().str() : std::string("undefined"));
+      TORCH_CHECK(p.device() == device, "amp: DataParallel: parameter ", name(i), " is on ", p.device(), " but ",
+                  name(0), " is on ", device, "; put the whole model on one device (model->to(pg.device()))");
       TORCH_CHECK(at::isFloatingType(p.scalar_type()), "amp: DataParallel: parameter ", name(i), " is ",
                   p.scalar_type(), ", not floating point");
     }
-    // Measured: LibTorch 1.13's Gloo all-reduce rejects BFloat16 ("Invalid
-    // scalar type"); 2.6's accepts it (2.0-2.5 untested).
-    TORCH_CHECK(options_.compression() != GradCompression::kBf16 || TORCH_VERSION_MAJOR >= 2,
-                "amp: DataParallelOptions::compression(kBf16) needs LibTorch >= 2.0 (this LibTorch's Gloo "
-                "all-reduce has no BFloat16); use GradCompression::kFp16 or kNone");
+    if (device.is_cuda()) {
+      pg_.require_cuda("DataParallel's model (parameter " + name(0) + ")");
+    } else {
+      TORCH_CHECK(device.is_cpu(), "amp: DataParallel: the model is on ", device,
+                  "; amp trains CPU (Gloo) and CUDA (NCCL) models across processes: move it to one of them");
+      TORCH_CHECK(pg_.backend() != Backend::kNccl, "amp: DataParallel: the model is on CPU but "
+                  "ProcessGroupOptions::backend is kNccl (CUDA tensors only); move the model to pg.device() or "
+                  "use Backend::kAuto or kGloo");
+      TORCH_CHECK(options_.compression() != GradCompression::kBf16 || detail::compat::kGlooHasBFloat16,
+                  "amp: DataParallelOptions::compression(kBf16) on CPU needs LibTorch >= ",
+                  detail::compat::kGlooBFloat16Since, " (this LibTorch's Gloo has no BFloat16); use "
+                  "GradCompression::kFp16 or kNone");
+    }
     const std::vector<at::Tensor> bufs = options_.broadcast_buffers() ? buffers : std::vector<at::Tensor>{};
     detail::check_same_shapes(pg_, detail::shape_summary(params_, bufs), [this](size_t i) { return name(i); });
     detail::broadcast_from_rank0(pg_, params_, "DataParallel parameter broadcast");
@@ -335,14 +351,18 @@ class DataParallel : public GradientSync {
     while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
       auto& b = buckets_[next_++];
       at::NoGradGuard no_grad;
-      if (options_.compression() == GradCompression::kNone) {
+      b.divided = options_.compression() != GradCompression::kNone;
+      if (!b.divided) {
         b.comm = b.flat;
       } else {
         const auto dt = options_.compression() == GradCompression::kFp16 ? at::kHalf : at::kBFloat16;
         b.comm = b.flat.div(static_cast<double>(pg_.world_size())).to(dt);
       }
-      std::vector<at::Tensor> v{b.comm};
-      b.work = pg_.gloo().allreduce(v);
+      // A dtype this LibTorch's Gloo lacks (bf16 gradients before 2.6): an
+      // fp32 copy is summed; finish_backward divides it and rounds it back.
+      const c10::ScalarType wire = pg_.wire_dtype(b.comm);
+      if (wire != b.comm.scalar_type()) b.comm = b.comm.to(wire);
+      b.work = pg_.start_allreduce(b.comm, "gradient all-reduce");
       ++allreduces_;
     }
   }

@@ -1,12 +1,19 @@
 // amp/detail/compat_c10d.h: the c10d (LibTorch's distributed engine) API
-// differences between LibTorch 1.13 and 2.x that amp/distributed.h meets,
-// in one place. Needs Gloo's headers (Debian: libgloo-dev).
+// and build differences that amp/distributed.h meets, in one place: LibTorch
+// 1.13 against 2.x, and builds with or without NCCL. Needs Gloo's headers
+// (Debian: libgloo-dev).
 //
-//   1.13: ProcessGroupGloo is a ProcessGroup; TCPStoreOptions has no useLibUV.
-//   2.x:  ProcessGroupGloo is a Backend (same collective methods); TCPStore
-//         may use a libuv server (useLibUV, on by default since 2.4).
+//   1.13: ProcessGroupGloo/NCCL are ProcessGroups; TCPStoreOptions has no
+//         useLibUV; Gloo has no BFloat16.
+//   2.x:  ProcessGroupGloo/NCCL are Backends (same collective methods);
+//         TCPStore may use a libuv server (useLibUV, on by default since 2.4).
 // Both: Work::wait(std::chrono::milliseconds) throws when it times out or
-// when the collective failed (a peer closed its connection).
+// when the collective failed (a peer closed its connection). For NCCL work
+// (from the headers; not run, no GPU so far): 2.x's wait(timeout) "will
+// block the CPU thread until the NCCL work is completed or timed out" and
+// throws on a timeout; 1.13's wait() only makes the current stream wait for
+// the NCCL stream (the CPU blocks with NCCL_BLOCKING_WAIT=1). Either way,
+// the work after wait() on the current stream sees the result.
 #pragma once
 
 // ProcessGroupGloo.hpp declares nothing without it (torch's build defines it).
@@ -19,6 +26,30 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h>
 
+#include "amp/version.h"
+
+// AMP_HAS_NCCL: 1 when this LibTorch was built with NCCL (its build defines
+// USE_C10D_NCCL: the pip wheel's TorchConfig passes it on to CMake targets;
+// Debian's CPU LibTorch has none) and NCCL's nccl.h is on the include path
+// (pip: site-packages/nvidia/nccl/include; CUDA installs may have it).
+// ProcessGroupNCCL.hpp declares nothing without USE_C10D_NCCL. Define
+// AMP_HAS_NCCL=0 to leave NCCL out.
+#ifndef AMP_HAS_NCCL
+#if defined(USE_C10D_NCCL) && defined(__has_include)
+#if __has_include(<nccl.h>)
+#define AMP_HAS_NCCL 1
+#endif
+#endif
+#endif
+#ifndef AMP_HAS_NCCL
+#define AMP_HAS_NCCL 0
+#endif
+#if AMP_HAS_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -26,6 +57,23 @@
 #include <utility>
 
 namespace amp::detail::compat {
+
+inline constexpr bool kHasNccl = AMP_HAS_NCCL;
+
+// Gloo's all-reduce, broadcast and allgather take BFloat16 from some 2.x on
+// (pytorch#113557, late 2023). Measured: 1.13 rejects it ("Invalid scalar
+// type"), 2.6 takes it; the releases between are untested, so amp treats
+// them as 1.13. Float16 works on both (measured).
+inline constexpr bool kGlooHasBFloat16 = libtorch_at_least(2, 6);
+inline constexpr const char* kGlooBFloat16Since = "2.6";
+
+// The dtype a CPU tensor of `dtype` travels in over this LibTorch's Gloo:
+// itself, or fp32 for bf16 where Gloo lacks it (exact for a broadcast: bf16
+// -> fp32 -> bf16 is lossless; an all-reduce then sums in fp32 and rounds
+// once, and every rank rounds the same sum).
+inline c10::ScalarType gloo_wire_dtype(c10::ScalarType dtype) {
+  return dtype == c10::ScalarType::BFloat16 && !kGlooHasBFloat16 ? c10::ScalarType::Float : dtype;
+}
 
 template <class O, class = void>
 struct has_use_libuv : std::false_type {};
@@ -61,5 +109,18 @@ inline std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string&
   return hostname.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
                           : c10d::ProcessGroupGloo::createDeviceForHostname(hostname);
 }
+
+#if AMP_HAS_NCCL
+// An NCCL group on `store` (both lines: (store, rank, size, options), with
+// Options::timeout). It makes no communicator until its first collective.
+inline c10::intrusive_ptr<c10d::ProcessGroupNCCL> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                            int size, std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+}
+
+inline void set_cuda_device(int index) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(index)); }
+#endif
 
 }  // namespace amp::detail::compat

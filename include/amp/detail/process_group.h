@@ -3,6 +3,7 @@
 #pragma once
 
 #include <torch/arg.h>
+#include <torch/cuda.h>
 #include <ATen/ATen.h>
 
 #include <cerrno>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +20,14 @@
 #include "amp/detail/compat_c10d.h"
 
 namespace amp {
+
+// What carries CUDA tensors between processes. CPU tensors, and amp's own
+// messages (shape check, checkpoint status, fit()'s losses), always go over Gloo.
+enum class Backend {
+  kAuto,  // NCCL for CUDA tensors where this LibTorch has it (AMP_HAS_NCCL), Gloo for CPU ones
+  kGloo,  // Gloo only: CPU tensors; amp never touches CUDA
+  kNccl,  // NCCL for CUDA tensors; init_process_group fails without NCCL or a GPU for LOCAL_RANK
+};
 
 struct ProcessGroupOptions {
   // Bounds the rendezvous (every rank must reach the master within it) and
@@ -29,6 +39,10 @@ struct ProcessGroupOptions {
   TORCH_ARG(std::string, hostname) = "";
   // Gloo's worker threads per process.
   TORCH_ARG(int, threads) = 2;
+  // kAuto or kNccl on a LibTorch with NCCL and a GPU for LOCAL_RANK:
+  // init_process_group makes cuda:LOCAL_RANK the current device (as
+  // torchrun's users expect); put the model on pg.device().
+  TORCH_ARG(Backend, backend) = Backend::kAuto;
 };
 
 // Where this process is: torchrun's variables, or set by hand.
@@ -80,12 +94,36 @@ inline ProcessInfo process_info_from_env() {
   return info;
 }
 
-// A Gloo process group with its store: copies share it.
+namespace detail {
+constexpr const char* kNoNcclFix =
+    "this LibTorch build has no NCCL for amp (AMP_HAS_NCCL is 0: USE_C10D_NCCL not defined, as in Debian's CPU "
+    "LibTorch, or nccl.h not on the include path); build against a CUDA LibTorch with NCCL (the pip wheel's "
+    "TorchConfig defines USE_C10D_NCCL) with NCCL's headers, or train on CPU with Backend::kGloo";
+
+// The NCCL group, made on the first CUDA collective (shared by copies).
+struct NcclSlot {
+  std::mutex mutex;
+#if AMP_HAS_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> group;
+#endif
+};
+}  // namespace detail
+
+// A Gloo process group with its store, and an NCCL group for CUDA tensors
+// where this LibTorch has NCCL: copies share them. Every collective goes by
+// its tensor's device: CUDA over NCCL, CPU over Gloo.
 class ProcessGroup {
  public:
   ProcessGroup(ProcessInfo info, c10::intrusive_ptr<c10d::Store> store,
-               c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo, std::chrono::milliseconds timeout)
-      : info_(std::move(info)), store_(std::move(store)), gloo_(std::move(gloo)), timeout_(timeout) {}
+               c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo, std::chrono::milliseconds timeout,
+               Backend backend = Backend::kGloo, c10::Device device = c10::Device(c10::kCPU))
+      : info_(std::move(info)),
+        store_(std::move(store)),
+        gloo_(std::move(gloo)),
+        timeout_(timeout),
+        backend_(backend),
+        device_(device),
+        nccl_(std::make_shared<detail::NcclSlot>()) {}
 
   int rank() const { return info_.rank; }
   int world_size() const { return info_.world_size; }
@@ -95,6 +133,52 @@ class ProcessGroup {
   c10d::ProcessGroupGloo& gloo() const { return *gloo_; }
   const c10::intrusive_ptr<c10d::ProcessGroupGloo>& gloo_ptr() const { return gloo_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  Backend backend() const { return backend_; }
+  // Where this process trains: cuda:LOCAL_RANK when init_process_group made
+  // it the current device (NCCL), else CPU.
+  c10::Device device() const { return device_; }
+
+  // An amp: error unless CUDA tensors can travel (NCCL, backend not kGloo).
+  void require_cuda(const std::string& what) const {
+    TORCH_CHECK(detail::compat::kHasNccl, "amp: ", what, " is on CUDA, but ", detail::kNoNcclFix);
+    TORCH_CHECK(backend_ != Backend::kGloo, "amp: ", what,
+                " is on CUDA, but ProcessGroupOptions::backend is kGloo (CPU tensors only); use Backend::kAuto or "
+                "kNccl, or keep the model on CPU");
+  }
+
+#if AMP_HAS_NCCL
+  // The NCCL group (on a PrefixStore of the same TCPStore, with the same
+  // timeout), made on first use; every rank reaches it at the same collective.
+  c10d::ProcessGroupNCCL& nccl() const {
+    std::lock_guard<std::mutex> lock(nccl_->mutex);
+    if (!nccl_->group) {
+      try {
+        nccl_->group = detail::compat::make_nccl(c10::make_intrusive<c10d::PrefixStore>("amp_nccl", store_),
+                                                 info_.rank, info_.world_size, timeout_);
+      } catch (const std::exception& e) {
+        std::string msg = e.what();
+        if (msg.find('\n') != std::string::npos) msg.resize(msg.find('\n'));
+        TORCH_CHECK(false, "amp: rank ", info_.rank, " of ", info_.world_size,
+                    " could not create its NCCL group (is this process's GPU free, and NCCL's library the one "
+                    "LibTorch was built with?): ", msg);
+      }
+    }
+    return *nccl_->group;
+  }
+#endif
+
+  // The dtype `t` travels in: its own, or fp32 for a bf16 CPU tensor where
+  // this LibTorch's Gloo has no bf16 (compat::gloo_wire_dtype).
+  c10::ScalarType wire_dtype(const at::Tensor& t) const {
+    return t.is_cuda() ? t.scalar_type() : detail::compat::gloo_wire_dtype(t.scalar_type());
+  }
+
+  // Starts a sum all-reduce of `t` in place, over the backend of t's device;
+  // t must already be in wire_dtype(t) (the caller widens).
+  c10::intrusive_ptr<c10d::Work> start_allreduce(at::Tensor& t, const std::string& what) const {
+    std::vector<at::Tensor> v{t};
+    return on_backend_of(t, what, [&](auto& backend) { return backend.allreduce(v); });
+  }
 
   // Waits for `work` at most timeout(); an amp: error naming `what` if it
   // times out or fails (a peer died: Gloo reports its closed connection).
@@ -117,36 +201,90 @@ class ProcessGroup {
 
   void barrier() const { wait(gloo_->barrier(), "barrier"); }
 
+  // The collectives below take tensors of any dtype: one that Gloo lacks
+  // travels as an fp32 copy (wire_dtype), copied back after.
   void allreduce_sum(at::Tensor& t, const std::string& what) const {
-    std::vector<at::Tensor> v{t};
-    wait(gloo_->allreduce(v), what);
+    at::Tensor w = on_wire(t);
+    wait(start_allreduce(w, what), what);
+    if (!w.is_same(t)) t.copy_(w);
   }
 
   void broadcast(at::Tensor& t, int root, const std::string& what) const {
-    std::vector<at::Tensor> v{t};
+    at::Tensor w = on_wire(t);
+    std::vector<at::Tensor> v{w};
     c10d::BroadcastOptions o;
     o.rootRank = root;
-    wait(gloo_->broadcast(v, o), what);
+    wait(on_backend_of(w, what, [&](auto& backend) { return backend.broadcast(v, o); }), what);
+    if (!w.is_same(t)) t.copy_(w);
   }
 
   // Every rank's `t` (same shape and dtype on all ranks), in rank order.
   std::vector<at::Tensor> allgather(const at::Tensor& t, const std::string& what) const {
-    std::vector<at::Tensor> in{t.contiguous()};
+    std::vector<at::Tensor> in{on_wire(t).contiguous()};
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < info_.world_size; ++r) out[0].push_back(at::empty_like(in[0]));
-    wait(gloo_->allgather(out, in), what);
+    wait(on_backend_of(in[0], what, [&](auto& backend) { return backend.allgather(out, in); }), what);
+    for (auto& o : out[0]) o = o.to(t.scalar_type());
     return out[0];
   }
 
  private:
+  at::Tensor on_wire(const at::Tensor& t) const {
+    const c10::ScalarType wire = wire_dtype(t);
+    return wire == t.scalar_type() ? t : t.to(wire);
+  }
+
+  // f(Gloo) for a CPU tensor, f(NCCL) for a CUDA one.
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> on_backend_of(const at::Tensor& t, const std::string& what, F&& f) const {
+    if (t.is_cuda()) {
+      require_cuda(what);
+#if AMP_HAS_NCCL
+      return f(nccl());
+#endif
+    }
+    TORCH_CHECK(t.is_cpu(), "amp: ", what, " is on ", t.device(), "; amp communicates CPU (Gloo) and CUDA (NCCL) "
+                            "tensors only: move it to one of them");
+    return f(*gloo_);
+  }
+
   ProcessInfo info_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_;
   std::chrono::milliseconds timeout_;
+  Backend backend_;
+  c10::Device device_;
+  std::shared_ptr<detail::NcclSlot> nccl_;
 };
 
+namespace detail {
+// kNccl's requirements (checked before the rendezvous: every rank fails at
+// once), and the device: cuda:LOCAL_RANK, made current, where NCCL will
+// carry CUDA tensors and this process has that GPU; else CPU.
+inline c10::Device training_device(const ProcessInfo& info, Backend backend) {
+  if (backend == Backend::kNccl) {
+    TORCH_CHECK(compat::kHasNccl, "amp: ProcessGroupOptions::backend is kNccl, but ", kNoNcclFix);
+    TORCH_CHECK(torch::cuda::is_available(), "amp: ProcessGroupOptions::backend is kNccl, but LibTorch sees no CUDA "
+                                             "device; use Backend::kGloo (or kAuto) to train on CPU");
+    TORCH_CHECK(static_cast<size_t>(info.local_rank) < torch::cuda::device_count(), "amp: LOCAL_RANK=",
+                info.local_rank, " but this process sees ", torch::cuda::device_count(),
+                " CUDA device(s); start one process per GPU, or pass init_process_group a ProcessInfo whose "
+                "local_rank is this process's GPU index");
+  }
+#if AMP_HAS_NCCL
+  if (backend != Backend::kGloo && torch::cuda::is_available() &&
+      static_cast<size_t>(info.local_rank) < torch::cuda::device_count()) {
+    compat::set_cuda_device(info.local_rank);
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(info.local_rank));
+  }
+#endif
+  return c10::Device(c10::kCPU);
+}
+}  // namespace detail
+
 // Rendezvous through a c10d::TCPStore on info.master_addr:master_port (rank 0
-// serves it) and a Gloo process group. Bounded by options.timeout().
+// serves it) and a Gloo process group (NCCL's comes on the first CUDA
+// collective). Bounded by options.timeout().
 inline ProcessGroup init_process_group(const ProcessInfo& info, const ProcessGroupOptions& options = {}) {
   TORCH_CHECK(info.world_size >= 1, "amp: world_size must be >= 1, got ", info.world_size);
   TORCH_CHECK(info.rank >= 0 && info.rank < info.world_size, "amp: rank ", info.rank, " is not in [0, ",
@@ -155,6 +293,7 @@ inline ProcessGroup init_process_group(const ProcessInfo& info, const ProcessGro
               " is not in [1, 65535]");
   TORCH_CHECK(options.timeout().count() > 0, "amp: ProcessGroupOptions::timeout must be > 0");
   TORCH_CHECK(options.threads() >= 1, "amp: ProcessGroupOptions::threads must be >= 1");
+  const c10::Device device = detail::training_device(info, options.backend());
   const std::string where = info.master_addr + ":" + std::to_string(info.master_port);
   c10::intrusive_ptr<c10d::Store> store;
   try {
@@ -184,7 +323,7 @@ inline ProcessGroup init_process_group(const ProcessInfo& info, const ProcessGro
     TORCH_CHECK(false, "amp: rank ", info.rank, " of ", info.world_size, " could not connect the Gloo group via ",
                 where, " within ", options.timeout().count(), " ms: ", msg);
   }
-  return ProcessGroup(info, std::move(store), std::move(gloo), options.timeout());
+  return ProcessGroup(info, std::move(store), std::move(gloo), options.timeout(), options.backend(), device);
 }
 
 // The same from torchrun's environment variables (process_info_from_env()).
