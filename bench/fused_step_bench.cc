@@ -7,6 +7,8 @@
 //
 // BM_CpuMlp: trainer_bench's MLP (512-2048-512, batch 512), bf16-mixed, Adam.
 // BM_CudaLaunchBound: 8 x Linear(256) + ReLU, batch 64, 16-mixed, Adam.
+// BM_CudaLaunchBoundCaptured: the same model, Trainer::capture's CUDA graph
+// against the eager fused step.
 // BM_CudaComputeBound: 4 transformer FFN blocks (d=2048, 4d hidden, GELU,
 // residual), 8192 tokens, bf16-mixed, Adam.
 // Counters: fused_steps_per_s, unfused_steps_per_s, speedup; on CUDA also
@@ -21,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <string>
+#include <utility>
 
 #ifdef AMP_LIBTORCH_HAS_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -134,6 +137,54 @@ void run(benchmark::State& state, torch::nn::Sequential (*make)(), torch::Device
 #endif
 }
 
+#ifdef AMP_LIBTORCH_HAS_CUDA
+// The launch-bound step three ways in one run: captured in a CUDA graph
+// (Trainer::capture) against the eager fused step, interleaved per round.
+// Counters: captured_steps_per_s, eager_fused_steps_per_s, speedup (captured
+// over eager fused), captured_syncs_per_step, pool_mib (the graph's private
+// pool). bench/fused_step_twin.py gives Python's fused torch.amp on the same
+// model, for the ratio to Python.
+void run_captured(benchmark::State& state, int steps_per_round) {
+  using P = amp::Mixed<amp::fp16, amp::DynamicScaler>;
+  Setup<P, amp::CUDA> eager(launch_bound, torch::kCUDA, true), graphed(launch_bound, torch::kCUDA, true);
+  torch::manual_seed(1);
+  using Batch = std::pair<torch::Tensor, torch::Tensor>;
+  const Batch batch{torch::randn({64, 256}, torch::kCUDA), torch::randn({64, 256}, torch::kCUDA)};
+  auto model = graphed.model.ptr();
+  auto step = graphed.trainer.capture(
+      [model](auto&, const Batch& b) { return torch::mse_loss(model->forward(b.first), b.second); }, batch);
+  for (int i = 0; i < 5; ++i) eager.step(batch.first, batch.second), step(batch);
+  torch::cuda::synchronize();
+  double eager_s = 0, captured_s = 0;
+  int64_t steps = 0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < steps_per_round; ++i) step(batch);
+    torch::cuda::synchronize();
+    auto t1 = Clock::now();
+    for (int i = 0; i < steps_per_round; ++i) eager.step(batch.first, batch.second);
+    torch::cuda::synchronize();
+    auto t2 = Clock::now();
+    captured_s += std::chrono::duration<double>(t1 - t0).count();
+    eager_s += std::chrono::duration<double>(t2 - t1).count();
+    steps += steps_per_round;
+  }
+  state.counters["captured_steps_per_s"] = static_cast<double>(steps) / captured_s;
+  state.counters["eager_fused_steps_per_s"] = static_cast<double>(steps) / eager_s;
+  state.counters["speedup"] = eager_s / captured_s;
+  state.counters["pool_mib"] = static_cast<double>(step.pool_bytes()) / (1 << 20);
+  SyncCounter counter;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&counter);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+    for (int i = 0; i < 20; ++i) step(batch);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+  torch::cuda::synchronize();
+  state.counters["captured_syncs_per_step"] = static_cast<double>(counter.syncs.load()) / 20.0;
+}
+#endif
+
 void BM_CpuMlp(benchmark::State& state) {
   run<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>(state, cpu_mlp, torch::kCPU, 512, 512, 2);
 }
@@ -148,8 +199,16 @@ void BM_CudaComputeBound(benchmark::State& state) {
   run<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CUDA>(state, compute_bound, torch::kCUDA, 8192, 2048, 10);
 }
 
+void BM_CudaLaunchBoundCaptured(benchmark::State& state) {
+  if (!torch::cuda::is_available()) return state.SkipWithError("no CUDA device");
+#ifdef AMP_LIBTORCH_HAS_CUDA
+  run_captured(state, 1000);
+#endif
+}
+
 }  // namespace
 
 BENCHMARK(BM_CpuMlp)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(5);
 BENCHMARK(BM_CudaLaunchBound)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+BENCHMARK(BM_CudaLaunchBoundCaptured)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(5);
 BENCHMARK(BM_CudaComputeBound)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
