@@ -4,7 +4,7 @@ set -uo pipefail
 bin=$1 launch=$2 group=$3
 case "$bin" in /*) ;; *) bin="$PWD/$bin" ;; esac
 case "$launch" in /*) ;; *) launch="$PWD/$launch" ;; esac
-work=${TEST_TMPDIR:-$(mktemp -d)}
+if [ -n "${TEST_TMPDIR:-}" ]; then work=$TEST_TMPDIR; else work=$(mktemp -d); trap 'rm -rf "$work"' EXIT; fi  # ctest: no TEST_TMPDIR
 export AMP_DP_TIMEOUT_MS=${AMP_DP_TIMEOUT_MS:-20000}
 fails=0
 # run NAME N [launch flags --] CASE ARGS...: every rank must print "PASS CASE".
