@@ -12,11 +12,13 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -333,5 +335,236 @@ std::string opt_name(const ::testing::TestParamInfo<Opt>& info) {
 }
 INSTANTIATE_TEST_SUITE_P(Optimizers, MakeStatic,
                          ::testing::Values(Opt::kAdam, Opt::kAdamW, Opt::kSgd, Opt::kSgdDampened), opt_name);
+
+// --- CapturedStep on CPU, replaying by running the step eagerly ----------------
+
+// 16-mixed; before LibTorch 2.3 (no fp16 on CPU) a type that compiles there:
+// the tests that use it skip before 2.4 anyway.
+using Scaled16 = std::conditional_t<amp::detail::compat::kCpuHasFp16, amp::Mixed<amp::fp16, amp::DynamicScaler>,
+                                    amp::Mixed<amp::bf16, amp::NoScaler>>;
+
+// A Recorder that replays by running the step again, eagerly: everything of
+// CapturedStep but the CUDA graph (warm-up undone from the snapshot, static
+// state, in-place zeroing, input buffers, the checks before a replay).
+struct EagerRecorder {
+  explicit EagerRecorder(c10::Device) {}
+  void synchronize() const {}
+  template <class G>
+  void on_side_stream(G&& g) const {
+    g();
+  }
+  at::Tensor rng_state() const {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    return gen.get_state();
+  }
+  void set_rng_state(const at::Tensor& state) const {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(state);
+  }
+  template <class Body>
+  amp::StepResult record(Body&&) {
+    return {};
+  }
+  template <class Body>
+  amp::StepResult replay(Body&& body, const amp::StepResult&) {
+    return body();
+  }
+  void reset() {}
+  int64_t pool_bytes() const { return 0; }
+};
+
+struct DropoutNet : torch::nn::Module {
+  DropoutNet()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 32))),
+        drop(register_module("drop", torch::nn::Dropout(0.25))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(drop(torch::relu(fc1(x)))); }
+  torch::nn::Linear fc1;
+  torch::nn::Dropout drop;
+  torch::nn::Linear fc2;
+};
+
+// Step i's batch; with `inf`, every 7th has an inf in its input (a loss
+// scaler skips that step; without one the parameters would become NaN).
+Pair batch_at(int i, int64_t rows = 16, bool inf = true) {
+  torch::manual_seed(500 + i);
+  Pair b{torch::randn({rows, 8}), torch::randn({rows, 4})};
+  if (inf && i % 7 == 3) b.first[0][0] = std::numeric_limits<float>::infinity();
+  return b;
+}
+
+template <class P>
+struct Training {
+  std::shared_ptr<DropoutNet> net;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  amp::Trainer<P, amp::CPU> trainer;
+  explicit Training(Opt o, amp::TrainerOptions options = amp::TrainerOptions())
+      : net(seeded()), opt(make_optimizer(o, net->parameters())), trainer(net, *opt, options.progress(false), scaler()) {}
+  static std::shared_ptr<DropoutNet> seeded() {
+    torch::manual_seed(1);
+    return std::make_shared<DropoutNet>();
+  }
+  static typename amp::Trainer<P, amp::CPU>::scaler_type scaler() {
+    if constexpr (amp::policy_traits<P>::uses_loss_scaling) {
+      return amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(256.).growth_interval(5));
+    } else {
+      return {};
+    }
+  }
+  auto fn() {
+    return [m = net](auto&, const Pair& b) { return torch::mse_loss(m->forward(b.first), b.second); };
+  }
+  amp::StepResult eager(const Pair& b) {
+    return trainer.step([&](auto& region) { return fn()(region, b); });
+  }
+  auto capture(const Pair& example) {
+    using Step = amp::CapturedStep<amp::Trainer<P, amp::CPU>, decltype(fn()), Pair, EagerRecorder>;
+    return Step(trainer, fn(), example);
+  }
+};
+
+// A parameter's optimizer state after a sync: its tensors and step count.
+std::pair<std::vector<at::Tensor>, int64_t> state_of(torch::optim::Optimizer& opt, const at::Tensor& p) {
+  auto it = opt.state().find(amp::detail::compat::optim_state_key(p.unsafeGetTensorImpl()));
+  if (it == opt.state().end()) return {{}, -1};
+  if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get()))
+    return {{s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()}, s->step()};
+  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) return {{s->exp_avg(), s->exp_avg_sq()}, s->step()};
+  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) return {{s->momentum_buffer()}, 0};
+  return {{}, -2};
+}
+
+template <class P>
+void expect_same(Training<P>& a, Training<P>& b) {
+  const auto pa = a.net->parameters(), pb = b.net->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+  EXPECT_EQ(a.trainer.scaler().get_scale(), b.trainer.scaler().get_scale());
+  EXPECT_EQ(a.trainer.steps(), b.trainer.steps());
+  a.trainer.stepper().sync_optimizer_state();
+  b.trainer.stepper().sync_optimizer_state();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const auto sa = state_of(*a.opt, pa[i]), sb = state_of(*b.opt, pb[i]);
+    EXPECT_EQ(sa.second, sb.second) << "step count of parameter " << i;
+    ASSERT_EQ(sa.first.size(), sb.first.size()) << "parameter " << i;
+    for (size_t k = 0; k < sa.first.size(); ++k)
+      EXPECT_TRUE(sa.first[k].defined() == sb.first[k].defined() &&
+                  (!sa.first[k].defined() || torch::equal(sa.first[k], sb.first[k])))
+          << "state tensor " << k << " of parameter " << i;
+  }
+}
+
+template <class P>
+void replays_equal_eager(Opt o, amp::TrainerOptions options = amp::TrainerOptions()) {
+  constexpr bool inf = amp::policy_traits<P>::uses_loss_scaling;
+  Training<P> eager(o, options);
+  torch::manual_seed(42);  // dropout's draws: the same sequence for both runs
+  for (int i = 0; i < 60; ++i) eager.eager(batch_at(i, 16, inf));
+  Training<P> captured(o, options);
+  auto step = captured.capture(batch_at(0, 16, inf));  // 3 warm-up steps, undone (dropout's RNG included)
+  torch::manual_seed(42);
+  for (int i = 0; i < 60; ++i) step(batch_at(i, 16, inf));
+  EXPECT_EQ(step.replays(), 60);
+  expect_same(eager, captured);
+}
+
+class Emulated : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kFusedCpu) GTEST_SKIP() << "LibTorch < 2.4 has no fused CPU kernels, so nothing can be captured";
+  }
+};
+
+TEST_F(Emulated, ReplaysEqualEagerFusedStepsBf16Adam) { replays_equal_eager<amp::Mixed<amp::bf16, amp::NoScaler>>(Opt::kAdam); }
+TEST_F(Emulated, ReplaysEqualEagerFusedStepsFp16SgdWithInfAndClipping) {
+  replays_equal_eager<Scaled16>(Opt::kSgdDampened, amp::TrainerOptions().max_grad_norm(0.5));
+}
+TEST_F(Emulated, ReplaysEqualEagerFusedStepsFp16AdamWWithInf) {
+  replays_equal_eager<Scaled16>(Opt::kAdamW);
+}
+TEST_F(Emulated, ReplaysEqualEagerFusedStepsTrueFp32Sgd) { replays_equal_eager<amp::True<amp::fp32>>(Opt::kSgd); }
+
+TEST_F(Emulated, AnotherShapeOrAnOptionChangeIsAnErrorUntilRecapture) {
+  using P = Scaled16;
+  Training<P> t(Opt::kAdam);
+  auto step = t.capture(batch_at(0));
+  step(batch_at(1));
+  EXPECT_EQ(t.trainer.steps(), 1);
+  EXPECT_THAT(error_of([&] { step(batch_at(2, 8)); }),
+              HasSubstr("amp: the step was captured for batch.first of shape [16, 8], Float on cpu, but got shape [8, 8]"));
+  EXPECT_EQ(t.trainer.steps(), 1) << "a refused batch trains nothing";
+  step.recapture(batch_at(2, 8));
+  step(batch_at(2, 8));
+  EXPECT_EQ(t.trainer.steps(), 2);
+  t.opt->param_groups()[0].options().set_lr(1e-4);
+  EXPECT_THAT(error_of([&] { step(batch_at(3, 8)); }),
+              AllOf(HasSubstr("amp: the options of param group 0 changed"), HasSubstr("call recapture()")));
+  step.recapture();
+  EXPECT_EQ(error_of([&] { step(batch_at(3, 8)); }), "<no error>");
+}
+
+TEST_F(Emulated, UnsupportedConfigurationsSayWhy) {
+  using P = amp::Mixed<amp::bf16, amp::NoScaler>;
+  Training<P> unfused(Opt::kAdam, amp::TrainerOptions().fused(false));
+  EXPECT_THAT(error_of([&] { unfused.capture(batch_at(0)); }),
+              HasSubstr("amp: capture() needs the fused, sync-free optimizer step"));
+  Training<P> accumulating(Opt::kAdam, amp::TrainerOptions().accumulation_steps(2));
+  EXPECT_THAT(error_of([&] { accumulating.capture(batch_at(0)); }), HasSubstr("amp: capture() records one whole"));
+  EXPECT_EQ(accumulating.trainer.steps(), 0);
+}
+
+// Save between replays, load into fresh trainers, continue eager or
+// captured: both equal an uninterrupted eager run. load() into the capturing
+// trainer makes its replays refuse until recapture().
+TEST_F(Emulated, CheckpointsMoveBetweenCapturedAndEager) {
+  using P = Scaled16;
+  const std::string path = ::testing::TempDir() + "amp_capture_ckpt.pt";
+  Training<P> reference(Opt::kAdam);
+  reference.net->eval();  // no dropout: the runs below draw in other orders
+  for (int i = 0; i < 40; ++i) reference.eager(batch_at(i));
+
+  Training<P> first(Opt::kAdam);
+  first.net->eval();
+  auto step = first.capture(batch_at(0));
+  for (int i = 0; i < 20; ++i) step(batch_at(i));
+  first.trainer.save(path);
+
+  Training<P> eager_after(Opt::kAdam);
+  eager_after.net->eval();
+  eager_after.trainer.load(path);
+  for (int i = 20; i < 40; ++i) eager_after.eager(batch_at(i));
+  expect_same(reference, eager_after);
+
+  Training<P> captured_after(Opt::kAdam);
+  captured_after.net->eval();
+  captured_after.trainer.load(path);
+  auto resumed = captured_after.capture(batch_at(20));
+  for (int i = 20; i < 40; ++i) resumed(batch_at(i));
+  expect_same(reference, captured_after);
+
+  first.trainer.load(path);
+  EXPECT_THAT(error_of([&] { step(batch_at(20)); }), HasSubstr("amp: trainer.load() replaced the tensors"));
+  step.recapture();
+  for (int i = 20; i < 40; ++i) step(batch_at(i));
+  expect_same(reference, first);
+  std::remove(path.c_str());
+}
+
+// Eager steps and replays mixed on one trainer equal all-eager.
+TEST_F(Emulated, EagerStepsBetweenReplays) {
+  using P = Scaled16;
+  Training<P> reference(Opt::kSgd), mixed(Opt::kSgd);
+  reference.net->eval();
+  mixed.net->eval();
+  auto step = mixed.capture(batch_at(0));
+  for (int i = 0; i < 40; ++i) {
+    reference.eager(batch_at(i));
+    if ((i / 5) % 2 == 0) {
+      step(batch_at(i));
+    } else {
+      mixed.eager(batch_at(i));
+    }
+  }
+  expect_same(reference, mixed);
+}
 
 }  // namespace

@@ -342,6 +342,23 @@ TEST(Checkpoint, ACheckpointOfAnotherModelShapeRollsBack) {
   EXPECT_TRUE(same_parameters(*b.net, *reference.net));
 }
 
+// A checkpoint saved before any step has no optimizer state; loading it into
+// a trainer that has stepped must drop the state it has (LibTorch's own
+// optimizer.load() keeps entries the archive lacks), so that training goes on
+// exactly as from the checkpoint.
+TEST(Checkpoint, LoadDropsOptimizerStateTheCheckpointLacks) {
+  const std::string path = tmp_path("no_state_yet.pt");
+  TrainRun<amp::True<amp::fp32>> fresh, stepped, reference;
+  fresh.trainer->save(path);
+  stepped.train(3);
+  ASSERT_FALSE(stepped.opt->state().empty());
+  stepped.trainer->load(path);
+  EXPECT_TRUE(stepped.opt->state().empty());
+  stepped.train(3);
+  reference.train(3);
+  EXPECT_TRUE(same_parameters(*stepped.net, *reference.net));
+}
+
 // Run by KillDuringSaveLeavesALoadableFile in a child process: saves forever.
 TEST(CheckpointChild, SaveForever) {
   const char* path = std::getenv("AMP_TEST_SAVE_FOREVER");

@@ -107,13 +107,113 @@ struct has_discard_iteration : std::false_type {};
 template <class S>
 struct has_discard_iteration<S, std::void_t<decltype(std::declval<S&>().discard_iteration())>> : std::true_type {};
 
+#if AMP_WITH_CUDA
+// How CapturedStep records and replays on CUDA: warm-up and capture on a side
+// stream, a CUDA graph with its private memory pool, the default generator's
+// state saved and restored around the warm-up. (CapturedStep's Recorder
+// parameter: tests substitute one that replays by running the step eagerly,
+// to check everything but the graph on CPU.)
+class CudaGraphRecorder {
+ public:
+  explicit CudaGraphRecorder(c10::Device device) : device_(device) {}
+
+  void synchronize() const { compat::cuda_synchronize(); }
+  template <class G>
+  void on_side_stream(G&& g) const {
+    c10::cuda::CUDAGuard device_guard(device_);
+    c10::cuda::CUDAStreamGuard stream_guard(compat::side_stream(device_.index()));
+    g();
+  }
+  at::Tensor rng_state() const { return compat::cuda_rng_state(device_.index()); }
+  void set_rng_state(const at::Tensor& state) const { compat::set_cuda_rng_state(device_.index(), state); }
+
+  // Records body() into a new graph (it is captured, not run) and returns
+  // its outputs: the graph's static output tensors.
+  template <class Body>
+  StepResult record(Body&& body) {
+    graph_.reset();
+    auto graph = std::make_unique<compat::CudaGraph>();
+    const int64_t reserved = compat::cuda_reserved_bytes(device_.index());
+    StepResult outputs;
+    on_side_stream([&] {
+      AutocastCacheOff cache_off;
+      graph->capture_begin();
+      try {
+        outputs = body();
+      } catch (...) {
+        try {
+          graph->capture_end();
+        } catch (...) {
+        }
+        throw;
+      }
+      graph->capture_end();
+    });
+    synchronize();
+    pool_bytes_ = compat::cuda_reserved_bytes(device_.index()) - reserved;
+    graph_ = std::move(graph);
+    return outputs;
+  }
+
+  // One replay of the graph on the current stream: `body` is not called, the
+  // returned `outputs` (record()'s) hold the new values.
+  template <class Body>
+  StepResult replay(Body&&, const StepResult& outputs) {
+    c10::cuda::CUDAGuard device_guard(device_);
+    graph_->replay();
+    return outputs;
+  }
+
+  void reset() { graph_.reset(); }
+  int64_t pool_bytes() const { return pool_bytes_; }
+
+ private:
+  c10::Device device_;
+  std::unique_ptr<compat::CudaGraph> graph_;
+  int64_t pool_bytes_ = 0;
+};
+using DefaultRecorder = CudaGraphRecorder;
+#else
+// Without CUDA: capture() compiles (for amp::CUDA) and throws.
+class NoCudaRecorder {
+ public:
+  explicit NoCudaRecorder(c10::Device) {}
+  void synchronize() const {}
+  template <class G>
+  void on_side_stream(G&&) const {
+    fail();
+  }
+  at::Tensor rng_state() const { return at::Tensor(); }
+  void set_rng_state(const at::Tensor&) const {}
+  template <class Body>
+  StepResult record(Body&&) {
+    fail();
+    return {};
+  }
+  template <class Body>
+  StepResult replay(Body&&, const StepResult& outputs) {
+    fail();
+    return outputs;
+  }
+  void reset() {}
+  int64_t pool_bytes() const { return 0; }
+
+ private:
+  [[noreturn]] static void fail() {
+    TORCH_CHECK(false, "amp: capture() needs a LibTorch built with CUDA (this one has no CUDA graphs) and amp built "
+                "with AMP_WITH_CUDA=1; train with trainer.step(fn)");
+  }
+};
+using DefaultRecorder = NoCudaRecorder;
+#endif
+
 }  // namespace detail
 
 // The captured step of a Trainer (Trainer::capture). Move-only; the Trainer
 // must outlive it. Not thread-safe, as the Trainer.
-template <class TrainerT, class F, class Batch>
+template <class TrainerT, class F, class Batch, class Recorder = detail::DefaultRecorder>
 class CapturedStep {
-  static_assert(std::is_same_v<typename TrainerT::device, CUDA>,
+  static_assert(std::is_same_v<typename TrainerT::device, CUDA> || !std::is_same_v<Recorder, detail::DefaultRecorder>,
                 "amp: capture() records the training step in a CUDA graph, which exists only on amp::CUDA; on amp::CPU "
                 "call trainer.step(fn) (eager steps have no per-launch cost to save there)");
 
@@ -122,7 +222,10 @@ class CapturedStep {
   static constexpr int kWarmupSteps = 3;
 
   CapturedStep(TrainerT& trainer, F fn, const Batch& example)
-      : trainer_(&trainer), fn_(std::move(fn)), inputs_(example, trainer.parameter_device()) {
+      : trainer_(&trainer),
+        fn_(std::move(fn)),
+        inputs_(example, trainer.parameter_device()),
+        recorder_(trainer.parameter_device()) {
     record();
   }
   CapturedStep(CapturedStep&&) = default;
@@ -139,8 +242,11 @@ class CapturedStep {
   StepResult operator()(const Batch& batch) {
     check_replayable();
     inputs_.copy_from(batch);
-    replay();
-    return result_;
+    const int64_t steps = trainer_->stepper_.steps();
+    StepResult r = recorder_.replay([&] { return run_step(); }, result_);
+    trainer_->stepper_.set_steps(steps + 1);  // the replayed step counts as an eager one
+    ++replays_;
+    return r;
   }
 
   // Captures again: with the same batch shapes, or for `example`'s. Needed
@@ -154,7 +260,7 @@ class CapturedStep {
 
   // Bytes of device memory the graph's private pool holds (the activations
   // and temporaries of one step), measured at capture.
-  int64_t pool_bytes() const { return pool_bytes_; }
+  int64_t pool_bytes() const { return recorder_.pool_bytes(); }
   int64_t replays() const { return replays_; }
   // The tensors the graph reads its batch from.
   const Batch& static_inputs() const { return inputs_.buffers(); }
@@ -175,8 +281,10 @@ class CapturedStep {
   // keeps writing the same tensors), forward under the policy's region, the
   // Stepper's backward and fused step.
   StepResult run_step() {
-    std::vector<at::Tensor> grads = current_grads();
-    if (!grads.empty()) at::_foreach_zero_(grads);
+    {
+      std::vector<at::Tensor> grads = current_grads();
+      if (!grads.empty()) at::_foreach_zero_(grads);
+    }
     using Region = typename TrainerT::region_type;
     auto forward = [&](Region& region) { return fn_(region, inputs_.buffers()); };
     at::Tensor loss = trainer_->forward(forward);
@@ -195,85 +303,42 @@ class CapturedStep {
     captured_ = false;
     const std::string why = trainer_->stepper_.capture_blocker();
     TORCH_CHECK(why.empty(), "amp: ", why);
-#if AMP_WITH_CUDA
-    record_on_device();
-#else
-    TORCH_CHECK(false, "amp: capture() needs a LibTorch built with CUDA (this one has no CUDA graphs) and amp built "
-                "with AMP_WITH_CUDA=1; train with trainer.step(fn)");
-#endif
-  }
-
-  void replay() {
-#if AMP_WITH_CUDA
-    c10::cuda::CUDAGuard device_guard(trainer_->parameter_device());
-    graph_->replay();
-#endif
-    trainer_->stepper_.set_steps(trainer_->stepper_.steps() + 1);
-    ++replays_;
-  }
-
-#if AMP_WITH_CUDA
-  void record_on_device() {
-    namespace compat = detail::compat;
-    const c10::Device device = trainer_->parameter_device();
-    const c10::DeviceIndex index = device.index();
-    c10::cuda::CUDAGuard device_guard(device);
-    graph_.reset();
+    recorder_.reset();
     keep_.clear();
     // The trainer as it is now: the warm-up's steps are undone from it, and a
     // failed capture leaves the trainer as it was.
     std::stringstream before = trainer_->snapshot();
-    const at::Tensor rng = compat::cuda_rng_state(index);
+    const at::Tensor rng = recorder_.rng_state();
     const int64_t steps = trainer_->stepper_.steps();
     auto undo = [&] {
       trainer_->restore(before);
-      compat::set_cuda_rng_state(index, rng);
+      if (rng.defined()) recorder_.set_rng_state(rng);
       trainer_->stepper_.set_steps(steps);
       if constexpr (detail::has_discard_iteration<typename TrainerT::scaler_type>::value)
         trainer_->stepper_.scaler().discard_iteration();
     };
     try {
-      compat::cuda_synchronize();
-      {
-        c10::cuda::CUDAStreamGuard stream_guard(compat::side_stream(index));
+      recorder_.synchronize();
+      recorder_.on_side_stream([&] {
         for (int i = 0; i < kWarmupSteps; ++i) run_step();
-      }
-      compat::cuda_synchronize();
+      });
+      recorder_.synchronize();
       undo();
       trainer_->stepper_.make_static();  // state made now, kept fixed: the graph's tensors
       keep_ = current_grads();           // the graph zeroes them in place: kept alive
       options_ = detail::CapturedOptions(trainer_->stepper_.optimizer());
-      auto graph = std::make_unique<compat::CudaGraph>();
-      const int64_t reserved = compat::cuda_reserved_bytes(index);
-      {
-        c10::cuda::CUDAStreamGuard stream_guard(compat::side_stream(index));
-        detail::AutocastCacheOff cache_off;
-        graph->capture_begin();
-        try {
-          result_ = run_step();
-        } catch (...) {
-          try {
-            graph->capture_end();
-          } catch (...) {
-          }
-          throw;
-        }
-        graph->capture_end();
-      }
-      compat::cuda_synchronize();
-      pool_bytes_ = compat::cuda_reserved_bytes(index) - reserved;
+      result_ = recorder_.record([&] { return run_step(); });
       for (at::Tensor& g : current_grads()) keep_.push_back(g);  // the graph's own (its pool)
-      graph_ = std::move(graph);
-      trainer_->stepper_.set_steps(steps);  // capture ran no step
+      trainer_->stepper_.set_steps(steps);  // recording ran no step
       generation_ = trainer_->generation_;
       captured_ = true;
     } catch (const std::exception& e) {
       const auto* error = dynamic_cast<const c10::Error*>(&e);
       const std::string what = error != nullptr ? error->what_without_backtrace() : e.what();
-      graph_.reset();
+      recorder_.reset();
       keep_.clear();
       try {
-        compat::cuda_synchronize();
+        recorder_.synchronize();
         undo();
       } catch (...) {
       }
@@ -283,17 +348,14 @@ class CapturedStep {
     }
   }
 
-  std::unique_ptr<detail::compat::CudaGraph> graph_;
-#endif
-
   TrainerT* trainer_;
   F fn_;
   detail::StaticBatch<Batch> inputs_;
+  Recorder recorder_;
   StepResult result_;
   detail::CapturedOptions options_;
   std::vector<at::Tensor> keep_;  // tensors the graph writes that nothing else may own
   uint64_t generation_ = 0;
-  int64_t pool_bytes_ = 0;
   int64_t replays_ = 0;
   bool captured_ = false;
 };

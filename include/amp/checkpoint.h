@@ -106,6 +106,9 @@ CheckpointCounters apply_checkpoint(torch::serialize::InputArchive& archive, tor
     state.insert(key, v);
   }
   module.load(model);
+  // LibTorch's optimizer.load() keeps entries the archive lacks (a parameter
+  // that had no state when saved would keep the state it has now): start empty.
+  optimizer.state().clear();
   optimizer.load(optim);
   scaler.load_state_dict(state);
   return CheckpointCounters{step.toInt(), epoch.toInt(), batch.toInt()};

@@ -255,7 +255,7 @@ class Trainer {
   int64_t epoch() const { return epoch_; }
 
  private:
-  template <class, class, class>
+  template <class, class, class, class>
   friend class CapturedStep;
 
   // The whole training state (model, optimizer, scaler, counters) in memory,

@@ -177,15 +177,7 @@ class FusedStep {
   }
 
  private:
-  // What FusedStep keeps about one parameter's state entry.
-  struct Record {
-    compat::OptimStateKey key;
-    torch::optim::OptimizerParamState* state = nullptr;  // the entry it was read from or made as
-    int64_t host_step = 0;   // Adam: the entry's step() when `step` was read or written
-    at::Tensor step;         // Adam: float32 counter on the parameter's device
-    bool made_here = false;  // the entry was made by FusedStep and no step of it is known to have run
-    at::Tensor pending;      // SGD: the buffer's flag while unknown whether its first step ran
-  };
+  using Record = fused::Record;
 
   void check_device(c10::DeviceType device) {
     for (c10::DeviceType d : devices_)
@@ -380,37 +372,10 @@ class FusedStep {
     }
   }
 
-  // Applies one synced value: Adam's counter or SGD's pending flag.
+  // Applies one synced value (fused::settle).
   void settle(c10::TensorImpl* impl, float value) {
     auto it = records_.find(impl);
-    Record& r = it->second;
-    auto& map = optimizer_->state();
-    if (kind_ == FusedKind::kSGD) {
-      if (static_) {
-        if (value != 0.f) r.made_here = false;  // the flag tensor stays: a graph may reread it
-      } else if (value != 0.f) {
-        r.pending = at::Tensor();
-        r.made_here = false;
-      } else {
-        // The buffer's first step never ran: as if it had never been made.
-        if (r.made_here) map.erase(r.key);
-        records_.erase(it);
-      }
-      return;
-    }
-    const auto step = static_cast<int64_t>(value);
-    if (r.made_here && step == 0 && !static_) {
-      map.erase(r.key);  // made by a step that was skipped
-      records_.erase(it);
-      return;
-    }
-    if (kind_ == FusedKind::kAdam) {
-      static_cast<torch::optim::AdamParamState*>(r.state)->step(step);
-    } else {
-      static_cast<torch::optim::AdamWParamState*>(r.state)->step(step);
-    }
-    r.host_step = step;
-    r.made_here = r.made_here && step == 0;
+    if (!fused::settle(kind_, static_, it->second, value, optimizer_->state())) records_.erase(it);
   }
 
   torch::optim::Optimizer* optimizer_;
