@@ -9,6 +9,7 @@
 # 3. runs tests/gpu/parity.cc and its Python twin: the same 300 training steps
 #    with amp and with Python's torch.amp, compared bit for bit (losses, loss
 #    scales, final parameters).
+# 4. with AMP_GPU_BENCH=1, the CUDA benchmarks and their Python twin.
 # Prints the versions, ctest's summary and the parity lines; exit 1 on a failure.
 set -u
 deps=$(cd "${1:-.gpu-deps}" && pwd); b=${AMP_GPU_BUILD:-/tmp/amp-build}
@@ -27,4 +28,12 @@ grep -q "100% tests passed" "$b.ctest.log" || rc=1
 out=$(mktemp -d)
 "$b/parity" "$out" && python3 tests/gpu/parity_twin.py "$out" || rc=1
 [ -n "${OUT:-}" ] && cp "$out"/python_grad_scaler.pt "$OUT/" 2>/dev/null
+# 4. with AMP_GPU_BENCH=1: amp's CUDA benchmarks (eager fused, unfused,
+#    captured; host syncs per step) and, right after, Python's torch.amp on
+#    the same models, for the ratios in the README.
+if [ "${AMP_GPU_BENCH:-0}" = 1 ]; then
+  "$b/fused_step_bench" --benchmark_filter=Cuda 2>&1 | tee "$b.bench.log" || rc=1
+  python3 bench/fused_step_twin.py 2>&1 | tee -a "$b.bench.log" || rc=1
+  [ -n "${OUT:-}" ] && cp "$b.bench.log" "$OUT/" 2>/dev/null
+fi
 exit $rc
