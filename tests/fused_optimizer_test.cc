@@ -387,6 +387,41 @@ TEST(FusedKindTest, StateKeyFindsLibTorchsOwnEntries) {
   for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(state_of(*opt, params[i]).present, specs()[i].gets_grad) << i;
 }
 
+// ATen's CPU fused SGD skips the vectorized blocks of fp16/bf16 parameters
+// (pytorch#191763; compat::kCpuFusedSgdUpdatesHalfTypes): amp must not take it.
+TEST(FusedKindTest, NoCpuFusedSgdForHalfTypes) {
+  if (!compat::has_fused_op(compat::FusedOp::kSgd, c10::DeviceType::CPU)) GTEST_SKIP() << "no CPU fused SGD";
+  for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+    at::Tensor p = torch::ones({64}, dtype).requires_grad_();
+    torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1).momentum(0.9));
+    EXPECT_EQ(fused_kind(sgd, c10::DeviceType::CPU), FusedKind::kNone) << dtype;
+    p.mutable_grad() = torch::ones({64}, dtype);
+    // A FusedStep made while the parameters were fp32 refuses them later.
+    at::Tensor q = torch::ones({64}).requires_grad_();
+    torch::optim::SGD later({q}, torch::optim::SGDOptions(0.1));
+    FusedStep fused(later);
+    {
+      torch::NoGradGuard no_grad;
+      q.set_data(q.to(dtype));
+    }
+    q.mutable_grad() = torch::ones({64}, dtype);
+    try {
+      fused.step();
+      ADD_FAILURE() << "stepped " << dtype;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("pytorch#191763"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(torch::equal(q, torch::ones({64}, dtype))) << "nothing stepped";
+  }
+  if (compat::kCpuFusedSgdUpdatesHalfTypes) return;
+  // The kernel itself, so that this test says when a LibTorch has the fix.
+  at::Tensor p = torch::ones({64}, at::kBFloat16), g = torch::full({64}, 0.5, at::kBFloat16);
+  amp::detail::fused::sgd_({p}, {g}, {}, 0.0, 0.0, 0.1, 0.0, false, false, false, c10::nullopt, c10::nullopt);
+  EXPECT_TRUE(torch::equal(p, torch::ones({64}, at::kBFloat16)))
+      << "this LibTorch's CPU fused SGD updates bf16 parameters: pytorch#191763 is fixed in it; give "
+         "compat::kCpuFusedSgdUpdatesHalfTypes a version threshold";
+}
+
 TEST(FusedKindTest, ReportsWhatThisLibTorchHas) {
   auto params = make_params(c10::DeviceType::CPU);
   for (const auto& c : configs()) {

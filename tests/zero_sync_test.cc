@@ -71,6 +71,26 @@ int64_t host_reads_in_20_steps(Opt o, double max_grad_norm) {
 
 constexpr bool kFusedCpu = amp::detail::compat::kCpuHasFusedOptimizers;
 
+// True<bf16> with SGD on CPU: the Trainer decides its path for the converted
+// (bf16) parameters, and takes the unfused step there (pytorch#191763), which
+// trains; Adam keeps the fused path.
+TEST(ZeroSync, TrueBf16SgdOnCpuTakesTheUnfusedStepAndTrains) {
+  torch::manual_seed(0);
+  torch::nn::Linear lin(16, 4);
+  torch::optim::SGD sgd(lin->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  amp::Trainer<amp::True<amp::bf16>, amp::CPU> trainer(lin, sgd, amp::TrainerOptions().progress(false));
+  EXPECT_FALSE(trainer.fused()) << trainer.optimizer_path();
+  const auto before = lin->weight.clone();
+  const auto x = torch::randn({32, 16}).to(torch::kBFloat16), y = torch::randn({32, 4}).to(torch::kBFloat16);
+  // (1.13 has no bf16 mse_loss on CPU)
+  for (int i = 0; i < 3; ++i) trainer.step([&](auto&) { return (lin(x) - y).pow(2).mean(); });
+  EXPECT_GT((lin->weight - before).abs().min().item<float>(), 0.f) << "every weight moves";
+  torch::nn::Linear lin2(16, 4);
+  torch::optim::Adam adam(lin2->parameters(), torch::optim::AdamOptions(1e-2));
+  amp::Trainer<amp::True<amp::bf16>, amp::CPU> adam_trainer(lin2, adam, amp::TrainerOptions().progress(false));
+  EXPECT_EQ(adam_trainer.fused(), kFusedCpu) << adam_trainer.optimizer_path();
+}
+
 TEST(ZeroSync, ObserverSeesReads) {
   ScalarReads reads;
   (void)torch::ones({}).item<float>();

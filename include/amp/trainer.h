@@ -130,9 +130,8 @@ class Trainer {
   Trainer(Model&& model, torch::optim::Optimizer& optimizer, TrainerOptions options = {}, scaler_type scaler = scaler_type())
       : module_(detail::as_module(std::forward<Model>(model))),
         options_(std::move(options)),
-        stepper_(optimizer, options_.stepper(), std::move(scaler)) {
-    setup();
-  }
+        stepper_(setup(optimizer), options_.stepper(), std::move(scaler)),
+        closure_optimizer_(dynamic_cast<torch::optim::LBFGS*>(&optimizer) != nullptr) {}
 
   // One optimizer step (or one micro-batch of it, with accumulation):
   // fn(region) runs the forward under the policy and returns the loss.
@@ -306,14 +305,16 @@ class Trainer {
     return fn(region);
   }
 
-  void setup() {
-    auto& opt = stepper_.optimizer();
-    closure_optimizer_ = dynamic_cast<torch::optim::LBFGS*>(&opt) != nullptr;
-    TORCH_CHECK(!(closure_optimizer_ && traits::uses_loss_scaling),
+  // Checks the model and optimizer and, for True<D>, converts the model: before
+  // the Stepper is made, so that it chooses its optimizer path (fused or not)
+  // for the parameters' final dtype. Returns `opt`.
+  torch::optim::Optimizer& setup(torch::optim::Optimizer& opt) {
+    const bool closure_optimizer = dynamic_cast<torch::optim::LBFGS*>(&opt) != nullptr;
+    TORCH_CHECK(!(closure_optimizer && traits::uses_loss_scaling),
                 "amp: a closure-based optimizer (LBFGS) cannot be used with the loss-scaling policy \"", precision,
                 "\": the scaler would have to unscale and check gradients inside LBFGS's closure; use "
                 "amp::Mixed<amp::bf16, amp::NoScaler> or an amp::True<...> policy");
-    TORCH_CHECK(!closure_optimizer_ || stepper_.options().accumulation_steps() == 1,
+    TORCH_CHECK(!closure_optimizer || options_.stepper().accumulation_steps() == 1,
                 "amp: gradient accumulation does not apply to a closure-based optimizer (LBFGS); set "
                 "TrainerOptions().accumulation_steps(1)");
     TORCH_CHECK(device_traits<Device>::available(), "amp: Trainer<", precision, ", ", device_traits<Device>::tag,
@@ -349,6 +350,7 @@ class Trainer {
       // (set_data), so the optimizer's references stay valid.
       module_->to(want);
     }
+    return opt;
   }
 
   // Adam's eps is added to sqrt(exp_avg_sq) in the parameters' dtype. In fp16
@@ -373,7 +375,7 @@ class Trainer {
   std::shared_ptr<torch::nn::Module> module_;
   TrainerOptions options_;
   Stepper<scaler_type> stepper_;
-  bool closure_optimizer_ = false;
+  bool closure_optimizer_;
   int64_t epoch_ = 0;
   int64_t batch_in_epoch_ = 0;
   uint64_t generation_ = 0;  // counts apply()s: a captured step's tensors are stale after one

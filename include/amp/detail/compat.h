@@ -113,6 +113,14 @@ inline constexpr bool kCpuHasFusedOptimizers = libtorch_at_least(2, 4);
 static_assert(kHasFusedAdamW == libtorch_at_least(2, 0) && kHasFusedSgd == libtorch_at_least(2, 3),
               "amp: compat.h's fused-optimizer switches disagree with version.h");
 
+// ATen's CPU fused SGD skips the vectorized blocks of fp16/bf16 parameters:
+// only a tensor's scalar tail (numel mod the SIMD width) is updated
+// (pytorch#191763, fixed by pytorch#192545 in August 2026; measured on
+// LibTorch 2.6: a 16-element bf16 parameter stays unchanged). No LibTorch amp
+// is tested with has the fix, so amp takes the unfused step there. When a
+// release with the fix is known, make this a version threshold.
+inline constexpr bool kCpuFusedSgdUpdatesHalfTypes = false;
+
 enum class FusedOp { kAdam, kAdamW, kSgd };
 
 // The operator's name for the dispatcher (overload "": the double-lr one).

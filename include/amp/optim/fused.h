@@ -191,6 +191,9 @@ class FusedStep {
 
   void check_param(const at::Tensor& p, const at::Tensor& grad, size_t g, size_t i) {
     check_device(p.device().type());
+    const std::string bad = fused::known_bad(kind_, p);
+    TORCH_CHECK(bad.empty(), "amp: FusedStep: parameter ", i, " of param group ", g, ": ", bad,
+                "; step this optimizer with its own step() (TrainerOptions().fused(false))");
     fused::check_param_layout(p, grad, g, i);
   }
 

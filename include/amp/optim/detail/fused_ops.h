@@ -96,6 +96,17 @@ inline bool dtype_supported(c10::ScalarType dtype) {
 
 // Why no fused kernel serves `optimizer` for its parameters on `device`, or
 // "" when one does. Sets *kind to the optimizer's kind either way.
+// A kernel known to compute wrong results for parameter p (compat.h), in
+// words; "" when none is known.
+inline std::string known_bad(FusedKind kind, const at::Tensor& p) {
+  const bool half = p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16;
+  if (kind == FusedKind::kSGD && p.device().is_cpu() && half && !compat::kCpuFusedSgdUpdatesHalfTypes) {
+    return std::string("it is ") + c10::toString(p.scalar_type()) +
+           ", and ATen's CPU fused SGD leaves fp16/bf16 parameters partly un-updated (pytorch#191763)";
+  }
+  return "";
+}
+
 inline std::string unsupported_reason(const torch::optim::Optimizer& optimizer, c10::DeviceType device,
                                       FusedKind* kind) {
   *kind = kind_of_class(optimizer);
@@ -125,6 +136,9 @@ inline std::string unsupported_reason(const torch::optim::Optimizer& optimizer, 
         return "parameter " + std::to_string(i) + " of param group " + std::to_string(g) + " has dtype " +
                std::string(c10::toString(p.scalar_type())) +
                "; the fused kernels take Float, Double, Half and BFloat16";
+      }
+      if (const std::string why = known_bad(*kind, p); !why.empty()) {
+        return "parameter " + std::to_string(i) + " of param group " + std::to_string(g) + ": " + why;
       }
       if (p.layout() != at::kStrided || !p.is_non_overlapping_and_dense()) {
         return "parameter " + std::to_string(i) + " of param group " + std::to_string(g) +
