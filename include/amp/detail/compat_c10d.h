@@ -26,6 +26,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h>
 
+#include "amp/detail/compat.h"
 #include "amp/version.h"
 
 // AMP_HAS_NCCL: 1 when this LibTorch was built with NCCL (its build defines
@@ -60,12 +61,7 @@ namespace amp::detail::compat {
 
 inline constexpr bool kHasNccl = AMP_HAS_NCCL;
 
-// Gloo's all-reduce, broadcast and allgather take BFloat16 from some 2.x on
-// (pytorch#113557, late 2023). Measured: 1.13 rejects it ("Invalid scalar
-// type"), 2.6 takes it; the releases between are untested, so amp treats
-// them as 1.13. Float16 works on both (measured).
-inline constexpr bool kGlooHasBFloat16 = libtorch_at_least(2, 6);
-inline constexpr const char* kGlooBFloat16Since = "2.6";
+// kGlooHasBFloat16 / kGlooBFloat16Since: compat.h (every version threshold lives there).
 
 // The dtype a CPU tensor of `dtype` travels in over this LibTorch's Gloo:
 // itself, or fp32 for bf16 where Gloo lacks it (exact for a broadcast: bf16
