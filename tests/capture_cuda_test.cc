@@ -11,7 +11,6 @@
 #include <torch/torch.h>
 
 #include <atomic>
-#include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -21,6 +20,8 @@
 #include <vector>
 
 #include "amp/amp.h"
+#include "error_of.h"
+#include "optimizer_state.h"
 
 #if AMP_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -29,21 +30,13 @@
 namespace {
 
 using ::testing::HasSubstr;
+using amp_test::error_of;
 using Batch = std::pair<torch::Tensor, torch::Tensor>;
 
 #define SKIP_WITHOUT_CUDA()                                                    \
   do {                                                                         \
     if (!AMP_WITH_CUDA || !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (or amp built without CUDA)"; \
   } while (0)
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
 
 torch::nn::Sequential make_model(uint64_t seed) {
   torch::manual_seed(seed);
@@ -98,17 +91,6 @@ struct Training {
   }
 };
 
-// A parameter's optimizer state: its tensors and step count (-1: none).
-std::pair<std::vector<torch::Tensor>, int64_t> state_of(torch::optim::Optimizer& opt, const torch::Tensor& p) {
-  auto it = opt.state().find(amp::detail::compat::optim_state_key(p.unsafeGetTensorImpl()));
-  if (it == opt.state().end()) return {{}, -1};
-  if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) return {{s->exp_avg(), s->exp_avg_sq()}, s->step()};
-  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) return {{s->exp_avg(), s->exp_avg_sq()}, s->step()};
-  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) return {{s->momentum_buffer()}, 0};
-  ADD_FAILURE() << "unknown optimizer state";
-  return {{}, -1};
-}
-
 template <class P>
 void expect_same(Training<P>& a, Training<P>& b) {
   const auto pa = a.model->parameters(), pb = b.model->parameters();
@@ -123,11 +105,11 @@ void expect_same(Training<P>& a, Training<P>& b) {
   b.trainer.save(fa);
   std::remove(fa.c_str());
   for (size_t i = 0; i < pa.size(); ++i) {
-    const auto sa = state_of(*a.opt, pa[i]), sb = state_of(*b.opt, pb[i]);
+    const auto sa = amp_test::state_of(*a.opt, pa[i]), sb = amp_test::state_of(*b.opt, pb[i]);
     ASSERT_EQ(sa.first.size(), sb.first.size()) << "parameter " << i;
     EXPECT_EQ(sa.second, sb.second) << "step count of parameter " << i;
     for (size_t k = 0; k < sa.first.size(); ++k)
-      EXPECT_TRUE(torch::equal(sa.first[k], sb.first[k])) << "state tensor " << k << " of parameter " << i;
+      EXPECT_TRUE(amp_test::same_state_tensor(sa.first[k], sb.first[k])) << "state tensor " << k << " of parameter " << i;
   }
 }
 

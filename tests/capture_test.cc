@@ -24,6 +24,7 @@
 
 #include "amp/amp.h"
 #include "error_of.h"
+#include "optimizer_state.h"
 
 namespace {
 
@@ -423,17 +424,6 @@ struct Training {
   }
 };
 
-// A parameter's optimizer state after a sync: its tensors and step count.
-std::pair<std::vector<at::Tensor>, int64_t> state_of(torch::optim::Optimizer& opt, const at::Tensor& p) {
-  auto it = opt.state().find(amp::detail::compat::optim_state_key(p.unsafeGetTensorImpl()));
-  if (it == opt.state().end()) return {{}, -1};
-  if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get()))
-    return {{s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()}, s->step()};
-  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) return {{s->exp_avg(), s->exp_avg_sq()}, s->step()};
-  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) return {{s->momentum_buffer()}, 0};
-  return {{}, -2};
-}
-
 template <class P>
 void expect_same(Training<P>& a, Training<P>& b) {
   const auto pa = a.net->parameters(), pb = b.net->parameters();
@@ -443,13 +433,11 @@ void expect_same(Training<P>& a, Training<P>& b) {
   a.trainer.stepper().sync_optimizer_state();
   b.trainer.stepper().sync_optimizer_state();
   for (size_t i = 0; i < pa.size(); ++i) {
-    const auto sa = state_of(*a.opt, pa[i]), sb = state_of(*b.opt, pb[i]);
+    const auto sa = amp_test::state_of(*a.opt, pa[i]), sb = amp_test::state_of(*b.opt, pb[i]);
     EXPECT_EQ(sa.second, sb.second) << "step count of parameter " << i;
     ASSERT_EQ(sa.first.size(), sb.first.size()) << "parameter " << i;
     for (size_t k = 0; k < sa.first.size(); ++k)
-      EXPECT_TRUE(sa.first[k].defined() == sb.first[k].defined() &&
-                  (!sa.first[k].defined() || torch::equal(sa.first[k], sb.first[k])))
-          << "state tensor " << k << " of parameter " << i;
+      EXPECT_TRUE(amp_test::same_state_tensor(sa.first[k], sb.first[k])) << "state tensor " << k << " of parameter " << i;
   }
 }
 
