@@ -271,7 +271,7 @@ TEST(CaptureCuda, CheckpointsMoveBetweenCapturedAndEager) {
   expect_same(reference, captured_after);
 
   first.trainer.load(path);
-  EXPECT_THAT(error_of([&] { step(batch_at(50)); }), HasSubstr("amp: trainer.load() replaced the tensors"));
+  EXPECT_THAT(error_of([&] { step(batch_at(50)); }), HasSubstr("amp: the tensors this step was captured with were replaced (by trainer.load()"));
   step.recapture();
   for (int i = 50; i < 100; ++i) step(batch_at(i));
   expect_same(reference, first);

@@ -530,11 +530,23 @@ TEST_F(Emulated, CheckpointsMoveBetweenCapturedAndEager) {
   expect_same(reference, captured_after);
 
   first.trainer.load(path);
-  EXPECT_THAT(error_of([&] { step(batch_at(20)); }), HasSubstr("amp: trainer.load() replaced the tensors"));
+  EXPECT_THAT(error_of([&] { step(batch_at(20)); }), HasSubstr("amp: the tensors this step was captured with were replaced (by trainer.load()"));
   step.recapture();
   for (int i = 20; i < 40; ++i) step(batch_at(i));
   expect_same(reference, first);
   std::remove(path.c_str());
+}
+
+// A second capture() on the trainer undoes its warm-up from a snapshot, which
+// replaces the tensors the first one recorded: the first refuses to replay.
+TEST_F(Emulated, ASecondCaptureMakesTheFirstRecapture) {
+  Training<Scaled16> t(Opt::kAdam);
+  auto first = t.capture(batch_at(0));
+  first(batch_at(0));
+  auto second = t.capture(batch_at(1));
+  EXPECT_THAT(error_of([&] { first(batch_at(1)); }), HasSubstr("or by another capture() on this trainer"));
+  EXPECT_EQ(error_of([&] { second(batch_at(1)); }), "<no error>");
+  EXPECT_EQ(t.trainer.steps(), 2);
 }
 
 // Eager steps and replays mixed on one trainer equal all-eager.

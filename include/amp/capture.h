@@ -250,8 +250,8 @@ class CapturedStep {
   }
 
   // Captures again: with the same batch shapes, or for `example`'s. Needed
-  // after trainer.load(), after a change of the optimizer's options (lr
-  // included), and for other batch shapes.
+  // after trainer.load() or another capture() on the trainer, after a change
+  // of the optimizer's options (lr included), and for other batch shapes.
   void recapture() { record(); }
   void recapture(const Batch& example) {
     inputs_ = detail::StaticBatch<Batch>(example, trainer_->parameter_device());
@@ -269,7 +269,8 @@ class CapturedStep {
   void check_replayable() const {
     TORCH_CHECK(captured_, "amp: this step has no graph (its capture failed); call recapture()");
     TORCH_CHECK(generation_ == trainer_->generation_,
-                "amp: trainer.load() replaced the tensors this step was captured with; call recapture() before "
+                "amp: the tensors this step was captured with were replaced (by trainer.load(), or by another "
+                "capture() on this trainer, which undoes its warm-up from a snapshot); call recapture() before "
                 "replaying it");
     const std::string changed = options_.changed(trainer_->stepper_.optimizer());
     TORCH_CHECK(changed.empty(), "amp: ", changed,
