@@ -115,13 +115,15 @@ struct has_discard_iteration<S, std::void_t<decltype(std::declval<S&>().discard_
 // to check everything but the graph on CPU.)
 class CudaGraphRecorder {
  public:
-  explicit CudaGraphRecorder(c10::Device device) : device_(device) {}
+  explicit CudaGraphRecorder(c10::Device device) : device_(device), stream_(compat::side_stream(device.index())) {}
 
   void synchronize() const { compat::cuda_synchronize(); }
+  // Warm-up and capture run on the same side stream (its cuBLAS handle and
+  // workspace are made by the warm-up, not inside the capture).
   template <class G>
   void on_side_stream(G&& g) const {
     c10::cuda::CUDAGuard device_guard(device_);
-    c10::cuda::CUDAStreamGuard stream_guard(compat::side_stream(device_.index()));
+    c10::cuda::CUDAStreamGuard stream_guard(stream_);
     g();
   }
   at::Tensor rng_state() const { return compat::cuda_rng_state(device_.index()); }
@@ -169,6 +171,7 @@ class CudaGraphRecorder {
 
  private:
   c10::Device device_;
+  c10::cuda::CUDAStream stream_;
   std::unique_ptr<compat::CudaGraph> graph_;
   int64_t pool_bytes_ = 0;
 };
