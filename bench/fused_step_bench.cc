@@ -70,7 +70,42 @@ struct SyncCounter : c10::WarningHandler {
     if (w.msg().find("synchroniz") != std::string::npos) ++syncs;
   }
 };
+
+// Host syncs per call of step(), over 20 calls, in the sync debug mode.
+template <class F>
+double syncs_per_step(F&& step) {
+  SyncCounter counter;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&counter);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+    for (int i = 0; i < 20; ++i) step();
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+  torch::cuda::synchronize();
+  return static_cast<double>(counter.syncs.load()) / 20.0;
+}
 #endif
+
+// Times a() and b(), steps_per_round calls of each per benchmark round,
+// interleaved, each round ended by sync(); returns their steps per second.
+template <class A, class B, class Sync>
+std::pair<double, double> interleaved(benchmark::State& state, int steps_per_round, A&& a, B&& b, Sync&& sync) {
+  double a_s = 0, b_s = 0;
+  int64_t steps = 0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < steps_per_round; ++i) a();
+    sync();
+    auto t1 = Clock::now();
+    for (int i = 0; i < steps_per_round; ++i) b();
+    sync();
+    auto t2 = Clock::now();
+    a_s += std::chrono::duration<double>(t1 - t0).count();
+    b_s += std::chrono::duration<double>(t2 - t1).count();
+    steps += steps_per_round;
+  }
+  return {static_cast<double>(steps) / a_s, static_cast<double>(steps) / b_s};
+}
 
 // One Trainer of policy P on `device`, fused or not.
 template <class P, class Device>
@@ -106,34 +141,14 @@ void run(benchmark::State& state, torch::nn::Sequential (*make)(), torch::Device
   };
   for (int i = 0; i < 5; ++i) fused.step(x, y), unfused.step(x, y);  // warm-up: allocator, cuBLAS, state
   sync();
-  double fused_s = 0, unfused_s = 0;
-  int64_t steps = 0;
-  for (auto _ : state) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < steps_per_round; ++i) fused.step(x, y);
-    sync();
-    auto t1 = Clock::now();
-    for (int i = 0; i < steps_per_round; ++i) unfused.step(x, y);
-    sync();
-    auto t2 = Clock::now();
-    fused_s += std::chrono::duration<double>(t1 - t0).count();
-    unfused_s += std::chrono::duration<double>(t2 - t1).count();
-    steps += steps_per_round;
-  }
-  state.counters["fused_steps_per_s"] = static_cast<double>(steps) / fused_s;
-  state.counters["unfused_steps_per_s"] = static_cast<double>(steps) / unfused_s;
-  state.counters["speedup"] = unfused_s / fused_s;
+  const auto [fused_rate, unfused_rate] = interleaved(
+      state, steps_per_round, [&] { fused.step(x, y); }, [&] { unfused.step(x, y); }, sync);
+  state.counters["fused_steps_per_s"] = fused_rate;
+  state.counters["unfused_steps_per_s"] = unfused_rate;
+  state.counters["speedup"] = fused_rate / unfused_rate;
   state.counters["fused_path"] = fused.trainer.fused() ? 1 : 0;
 #ifdef AMP_LIBTORCH_HAS_CUDA
-  if (device.is_cuda()) {
-    SyncCounter counter;
-    c10::WarningUtils::WarningHandlerGuard guard(&counter);
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
-    for (int i = 0; i < 20; ++i) fused.step(x, y);
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-    sync();
-    state.counters["fused_syncs_per_step"] = static_cast<double>(counter.syncs.load()) / 20.0;
-  }
+  if (device.is_cuda()) state.counters["fused_syncs_per_step"] = syncs_per_step([&] { fused.step(x, y); });
 #endif
 }
 
@@ -155,33 +170,14 @@ void run_captured(benchmark::State& state, int steps_per_round) {
       [model](auto&, const Batch& b) { return torch::mse_loss(model->forward(b.first), b.second); }, batch);
   for (int i = 0; i < 5; ++i) eager.step(batch.first, batch.second), step(batch);
   torch::cuda::synchronize();
-  double eager_s = 0, captured_s = 0;
-  int64_t steps = 0;
-  for (auto _ : state) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < steps_per_round; ++i) step(batch);
-    torch::cuda::synchronize();
-    auto t1 = Clock::now();
-    for (int i = 0; i < steps_per_round; ++i) eager.step(batch.first, batch.second);
-    torch::cuda::synchronize();
-    auto t2 = Clock::now();
-    captured_s += std::chrono::duration<double>(t1 - t0).count();
-    eager_s += std::chrono::duration<double>(t2 - t1).count();
-    steps += steps_per_round;
-  }
-  state.counters["captured_steps_per_s"] = static_cast<double>(steps) / captured_s;
-  state.counters["eager_fused_steps_per_s"] = static_cast<double>(steps) / eager_s;
-  state.counters["speedup"] = eager_s / captured_s;
+  const auto [captured_rate, eager_rate] = interleaved(
+      state, steps_per_round, [&] { step(batch); }, [&] { eager.step(batch.first, batch.second); },
+      [] { torch::cuda::synchronize(); });
+  state.counters["captured_steps_per_s"] = captured_rate;
+  state.counters["eager_fused_steps_per_s"] = eager_rate;
+  state.counters["speedup"] = captured_rate / eager_rate;
   state.counters["pool_mib"] = static_cast<double>(step.pool_bytes()) / (1 << 20);
-  SyncCounter counter;
-  {
-    c10::WarningUtils::WarningHandlerGuard guard(&counter);
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
-    for (int i = 0; i < 20; ++i) step(batch);
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-  }
-  torch::cuda::synchronize();
-  state.counters["captured_syncs_per_step"] = static_cast<double>(counter.syncs.load()) / 20.0;
+  state.counters["captured_syncs_per_step"] = syncs_per_step([&] { step(batch); });
 }
 #endif
 
