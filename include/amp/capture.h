@@ -66,8 +66,9 @@ class CapturedOptions {
         return "param group " + std::to_string(g) + " has " + std::to_string(groups[g].params().size()) +
                " parameters, the step was captured with " + std::to_string(sizes_[g]);
       if (!same(*options_[g], groups[g].options()))
-        return "the options of param group " + std::to_string(g) + " changed (lr " + std::to_string(lr(*options_[g])) +
-               " at capture, now " + std::to_string(lr(groups[g].options())) + ", or another hyperparameter)";
+        return "the options of param group " + std::to_string(g) + " changed (lr " +
+               std::to_string(options_[g]->get_lr()) + " at capture, now " + std::to_string(groups[g].options().get_lr()) +
+               ", or another hyperparameter)";
     }
     return "";
   }
@@ -83,7 +84,6 @@ class CapturedOptions {
     if (const auto* x = as<torch::optim::SGDOptions>(a)) return as<torch::optim::SGDOptions>(b) && *x == *as<torch::optim::SGDOptions>(b);
     return a.get_lr() == b.get_lr();  // not reached: capture needs a fused kind
   }
-  static double lr(const torch::optim::OptimizerOptions& o) { return o.get_lr(); }
 
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options_;
   std::vector<size_t> sizes_;
@@ -295,11 +295,10 @@ class CapturedStep {
     return trainer_->stepper_.step_on_zeroed(loss);
   }
 
+  // The optimizer's parameters' gradients (those that have one).
   std::vector<at::Tensor> current_grads() const {
-    std::vector<at::Tensor> grads;
-    for (const auto& group : trainer_->stepper_.optimizer().param_groups())
-      for (const auto& p : group.params())
-        if (p.grad().defined()) grads.push_back(p.grad());
+    std::vector<at::Tensor> grads = trainer_->stepper_.gradients();  // the parameters
+    for (at::Tensor& g : grads) g = g.grad();
     return grads;
   }
 

@@ -23,17 +23,16 @@
 #include <utility>
 #include <vector>
 
+#include "amp/traits.h"  // detail::dependent_false_v
+
 namespace amp {
 namespace detail {
-
-template <class T>
-struct dependent_false : std::false_type {};
 
 // Visits a batch's tensors in order with their place in it ("batch.first",
 // "batch[2].data"), and rebuilds a batch with each tensor mapped.
 template <class T>
 struct BatchWalk {
-  static_assert(dependent_false<T>::value,
+  static_assert(dependent_false_v<T>,
                 "amp: a captured step's batch may hold only tensors: at::Tensor, torch::data::Example, or a "
                 "std::pair, std::tuple, std::vector or std::array of them; a value of another type would be "
                 "recorded into the CUDA graph once and reused for every batch");
@@ -147,41 +146,22 @@ template <class Batch>
 class StaticBatch {
  public:
   StaticBatch(const Batch& example, c10::Device device)
-      : places_(places_of(example)), buffers_(buffers_of(example, device)) {}
+      : places_(places_of(example)), buffers_(buffers_of(example, device)), targets_(tensors_of(buffers_)) {}
 
   // The batch the captured function reads: fixed tensors, refilled by copy_from().
   const Batch& buffers() const { return buffers_; }
 
   // Throws "amp: ..." naming the first tensor whose place, shape, dtype or
   // device differs from the example's.
-  void check(const Batch& batch) const {
-    size_t i = 0;
-    auto compare = [&](const at::Tensor& t, const std::string& path) {
-      TORCH_CHECK(i < places_.size(), "amp: the batch has more tensors than the one the step was captured for (",
-                  places_.size(), "); ", path, " is new; ", kFix);
-      const Place& p = places_[i++];
-      TORCH_CHECK(path == p.path, "amp: the batch is laid out differently from the one the step was captured for: ",
-                  path, " where the captured batch had ", p.path, "; ", kFix);
-      TORCH_CHECK(t.defined(), "amp: ", path, " is an undefined tensor; the step was captured with a tensor there");
-      TORCH_CHECK(t.sizes() == c10::IntArrayRef(p.sizes) && t.scalar_type() == p.dtype && t.device() == p.device,
-                  "amp: the step was captured for ", p.path, " of shape ", c10::IntArrayRef(p.sizes), ", ", p.dtype,
-                  " on ", p.device, ", but got shape ", t.sizes(), ", ", t.scalar_type(), " on ", t.device(), "; ", kFix);
-    };
-    BatchWalk<Batch>::visit(batch, "batch", compare);
-    TORCH_CHECK(i == places_.size(), "amp: the batch has fewer tensors (", i, ") than the one the step was captured for (",
-                places_.size(), "); ", kFix);
-  }
+  void check(const Batch& batch) const { (void)checked(batch); }
 
   // check(), then copies each tensor into its buffer (asynchronously where
-  // the source allows: device tensors, pinned host memory).
+  // the source allows: device tensors, pinned host memory). Nothing is copied
+  // unless the whole batch fits.
   void copy_from(const Batch& batch) {
-    check(batch);
-    std::vector<at::Tensor> sources;
-    collect(batch, sources);
-    std::vector<at::Tensor> targets;
-    collect(buffers_, targets);
+    const std::vector<at::Tensor> sources = checked(batch);
     at::NoGradGuard no_grad;
-    for (size_t i = 0; i < targets.size(); ++i) targets[i].copy_(sources[i], /*non_blocking=*/true);
+    for (size_t i = 0; i < targets_.size(); ++i) targets_[i].copy_(sources[i], /*non_blocking=*/true);
   }
 
   size_t size() const { return places_.size(); }
@@ -196,6 +176,29 @@ class StaticBatch {
     c10::ScalarType dtype;
     c10::Device device;
   };
+
+  // The batch's tensors in order, after check()'s checks.
+  std::vector<at::Tensor> checked(const Batch& batch) const {
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(places_.size());
+    size_t i = 0;
+    auto compare = [&](const at::Tensor& t, const std::string& path) {
+      TORCH_CHECK(i < places_.size(), "amp: the batch has more tensors than the one the step was captured for (",
+                  places_.size(), "); ", path, " is new; ", kFix);
+      const Place& p = places_[i++];
+      TORCH_CHECK(path == p.path, "amp: the batch is laid out differently from the one the step was captured for: ",
+                  path, " where the captured batch had ", p.path, "; ", kFix);
+      TORCH_CHECK(t.defined(), "amp: ", path, " is an undefined tensor; the step was captured with a tensor there");
+      TORCH_CHECK(t.sizes() == c10::IntArrayRef(p.sizes) && t.scalar_type() == p.dtype && t.device() == p.device,
+                  "amp: the step was captured for ", p.path, " of shape ", c10::IntArrayRef(p.sizes), ", ", p.dtype,
+                  " on ", p.device, ", but got shape ", t.sizes(), ", ", t.scalar_type(), " on ", t.device(), "; ", kFix);
+      tensors.push_back(t);
+    };
+    BatchWalk<Batch>::visit(batch, "batch", compare);
+    TORCH_CHECK(i == places_.size(), "amp: the batch has fewer tensors (", i, ") than the one the step was captured for (",
+                places_.size(), "); ", kFix);
+    return tensors;
+  }
 
   static std::vector<Place> places_of(const Batch& example) {
     std::vector<Place> places;
@@ -215,13 +218,16 @@ class StaticBatch {
     return BatchWalk<Batch>::map(example, make);
   }
 
-  static void collect(const Batch& batch, std::vector<at::Tensor>& out) {
+  static std::vector<at::Tensor> tensors_of(const Batch& batch) {
+    std::vector<at::Tensor> out;
     auto add = [&](const at::Tensor& t, const std::string&) { out.push_back(t); };
     BatchWalk<Batch>::visit(batch, "batch", add);
+    return out;
   }
 
   std::vector<Place> places_;
   Batch buffers_;
+  std::vector<at::Tensor> targets_;  // buffers_'s tensors, in visiting order
 };
 
 }  // namespace detail
