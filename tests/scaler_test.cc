@@ -502,7 +502,7 @@ c10::impl::GenericDict python_state(const std::string& file) {
 // tests/data/*.torchsave are torch.save zip files (named so that *.pt stays untracked).
 // python_grad_scaler_stdlib.torchsave: written by tests/python/write_python_scaler_state.py
 // in torch.save's layout. python_grad_scaler_torch_2_11.torchsave: written by torch
-// 2.11's own torch.save (tests/gpu/parity_twin.py). Both hold a
+// 2.11's own torch.save (tests/parity/parity_twin.py). Both hold a
 // GradScaler(init_scale=1024, growth_factor=3, growth_interval=7) after one overflow.
 TEST(DynamicScaler, LoadsAStateDictWrittenByPython) {
   for (const char* file : {"python_grad_scaler_stdlib.torchsave", "python_grad_scaler_torch_2_11.torchsave"}) {

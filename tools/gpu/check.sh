@@ -6,7 +6,7 @@
 #
 # 1. builds amp with CMake against the wheel's LibTorch (torch.utils.cmake_prefix_path);
 # 2. runs every test with ctest (the CUDA tests run instead of skipping);
-# 3. runs tests/gpu/parity.cc and its Python twin: the same 300 training steps
+# 3. runs tests/parity/parity.cc and its Python twin: the same 300 training steps
 #    with amp and with Python's torch.amp, compared bit for bit (losses, loss
 #    scales, final parameters).
 # 4. with AMP_GPU_BENCH=1, the CUDA benchmarks and their Python twin.
@@ -26,7 +26,7 @@ cmake --build "$b" -j "$(nproc)" -- -k 0 > "$b.build.log" 2>&1 || { rc=1; grep -
 (cd "$b" && ctest -j "$(( $(nproc) / 2 ))" --output-on-failure --timeout 300 2>&1 | tail -40) | tee "$b.ctest.log"
 grep -q "100% tests passed" "$b.ctest.log" || rc=1
 out=$(mktemp -d)
-"$b/parity" "$out" && python3 tests/gpu/parity_twin.py "$out" || rc=1
+"$b/parity" "$out" cuda && python3 tests/parity/parity_twin.py "$out" cuda || rc=1
 [ -n "${OUT:-}" ] && cp "$out"/python_grad_scaler.pt "$OUT/" 2>/dev/null
 # 4. with AMP_GPU_BENCH=1: amp's CUDA benchmarks (eager fused, unfused,
 #    captured; host syncs per step) and, right after, Python's torch.amp on
