@@ -5,6 +5,9 @@ set -euo pipefail
 parity=$1 twin=$2
 case "$parity" in /*) ;; *) parity="$PWD/$parity" ;; esac
 out=${TEST_TMPDIR:-$(mktemp -d)}
+# One thread in both programs: the same reduction order whatever the machine,
+# and no OpenMP spinning against the tests Bazel runs beside this one.
+export OMP_NUM_THREADS=1
 "$parity" "$out" cpu | tee "$out/parity.log"
 if grep -q "^parity: skipped" "$out/parity.log"; then exit 0; fi
 cpp=$(sed -n 's/^parity: LibTorch \([0-9.]*\) on .*/\1/p' "$out/parity.log")
