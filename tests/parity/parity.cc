@@ -2,7 +2,7 @@
 //
 //   parity OUT_DIR [cuda|cpu]      (default cuda)
 //
-// Trains one small MLP five ways, each 300 steps from the same seed, and
+// Trains one small MLP seven ways, each 300 steps from the same seed, and
 // writes per-step losses and loss scales (as float bits) plus the final
 // parameters (torch::pickle_save) for parity_twin.py, which runs the same
 // steps with Python's torch.amp and compares bit for bit:
@@ -13,6 +13,8 @@
 //   trainer-16-mixed-adamw-clip   + AdamW (weight decay, amsgrad), max_grad_norm 1
 //                           vs AdamW(fused=True) after unscale_ + clip_grad_norm_(foreach=False)
 //   trainer-16-mixed-sgd    + SGD (momentum, nesterov, weight decay) vs SGD(fused=True)
+//   trainer-bf16-true       Trainer<True<bf16>> + Adam (fused) vs model.to(bfloat16) + Adam(fused=True)
+//   trainer-64-true         Trainer<True<fp64>> + Adam (fused) vs model.to(float64) + Adam(fused=True)
 // The GradScalers back off (fp16 overflow) and grow within the run.
 //
 // cuda: needs a CUDA device (exits 0 with "skipped" without one); run by
@@ -123,8 +125,11 @@ void trainer_run(Log& log, const Data& data, const std::string& dir, const std::
     throw std::runtime_error("amp: parity: " + name + " takes " + trainer.optimizer_path() +
                              ", not the fused path its Python twin runs");
   constexpr bool scaled = !std::is_same_v<typename Policy::scaler_type, amp::NoScaler>;
+  const auto dtype = model->parameters()[0].scalar_type();  // fp32 for Mixed (autocast picks per op)
   for (int i = 0; i < kSteps; ++i) {
-    auto r = trainer.step([&](auto&) { return torch::cross_entropy_loss(model->forward(data.x[i]), data.y[i]); });
+    auto r = trainer.step([&](auto&) {  // a True<D> model is in D: its inputs are the caller's to cast
+      return torch::cross_entropy_loss(model->forward(data.x[i].to(dtype)), data.y[i]);
+    });
     double scale = 1.0;
     if constexpr (scaled) scale = trainer.scaler().get_scale();
     log.step(i, r.loss, scale);
@@ -157,6 +162,10 @@ int run(const std::string& dir, torch::Device device) {
   trainer_run<Fp16, Dev, SGD>(log, data, dir, "trainer-16-mixed-sgd",
                               SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4),
                               amp::TrainerOptions(), amp::DynamicScaler(scaler_options(1024.0)));
+  trainer_run<amp::True<amp::bf16>, Dev, Adam>(log, data, dir, "trainer-bf16-true", AdamOptions(1e-3),
+                                               amp::TrainerOptions());
+  trainer_run<amp::True<amp::fp64>, Dev, Adam>(log, data, dir, "trainer-64-true", AdamOptions(1e-3),
+                                               amp::TrainerOptions());
   std::cout << "parity: wrote " << dir << "/cpp_steps.txt\n";
   return 0;
 }

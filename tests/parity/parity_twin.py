@@ -18,7 +18,8 @@ import torch
 
 STEPS = 300
 
-# name: (autocast dtype, GradScaler init_scale or None, optimizer, max_grad_norm)
+# name: (autocast dtype, or the model's dtype for a True run; GradScaler init_scale or None; optimizer;
+#        max_grad_norm)
 RUNS = {
     "recipe-16-mixed": (torch.float16, 65536.0,
                         lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, foreach=False), None),
@@ -30,6 +31,8 @@ RUNS = {
     "trainer-16-mixed-sgd": (
         torch.float16, 1024.0,
         lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4, fused=True), None),
+    "trainer-bf16-true": (torch.bfloat16, None, lambda p: torch.optim.Adam(p, lr=1e-3, fused=True), None),
+    "trainer-64-true": (torch.float64, None, lambda p: torch.optim.Adam(p, lr=1e-3, fused=True), None),
 }
 
 
@@ -56,15 +59,19 @@ def data(device):
 
 def run(name, device, x, y):
     dtype, init_scale, make_opt, max_norm = RUNS[name]
-    model = make_model(device)
+    true = name.endswith("-true")  # Lightning's "bf16-true"/"64-true": the model in that dtype, no autocast
+    model = make_model(device).to(dtype) if true else make_model(device)
     opt = make_opt(model.parameters())
     scaled = init_scale is not None
     scaler = torch.amp.GradScaler(device, init_scale=init_scale or 1.0, growth_interval=20, enabled=scaled)
     rows = []
     for i in range(STEPS):
         opt.zero_grad()
-        with torch.autocast(device, dtype=dtype):
-            loss = torch.nn.functional.cross_entropy(model(x[i]), y[i])
+        if true:
+            loss = torch.nn.functional.cross_entropy(model(x[i].to(dtype)), y[i])
+        else:
+            with torch.autocast(device, dtype=dtype):
+                loss = torch.nn.functional.cross_entropy(model(x[i]), y[i])
         scaler.scale(loss).backward()
         if max_norm is not None:
             scaler.unscale_(opt)
