@@ -2,7 +2,8 @@
 Python's torch.load does (a zip with archive/data.pkl), with the standard
 library only: the one global in it is torch.jit._pickle.restore_type_tag,
 which torch defines as `return value`. Checks torch's keys, Python types and
-values.   read_scaler_state.py STATE.pt"""
+values. Where Python has torch, also torch.load (weights_only=True) and
+torch.amp.GradScaler.load_state_dict.   read_scaler_state.py STATE.pt"""
 import io
 import pickle
 import sys
@@ -33,6 +34,22 @@ def main(path):
     assert types == {"scale": float, "growth_factor": float, "backoff_factor": float, "growth_interval": int,
                      "_growth_tracker": int}, types
     print("PASS: Python reads", state)
+    try:
+        import torch
+        import torch.jit._pickle  # not imported by `import torch` on 2.6
+    except ImportError:
+        print("(no Python torch here: torch.load and GradScaler.load_state_dict not tried)")
+        return
+    # Python's own loader, with torch.load's default weights_only=True, into torch.amp.GradScaler.
+    torch.serialization.add_safe_globals([torch.jit._pickle.restore_type_tag])
+    loaded = torch.load(path, weights_only=True)
+    assert loaded == expected, f"torch.load: {loaded!r} != {expected!r}"
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.load_state_dict(loaded)
+    got = (scaler.get_scale(), scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval())
+    assert got == (512.0, 3.0, 0.5, 7), got
+    assert scaler.state_dict() == expected, scaler.state_dict()
+    print(f"PASS: torch {torch.__version__}: torch.load(weights_only=True) + GradScaler.load_state_dict give", got)
 
 
 if __name__ == "__main__":
