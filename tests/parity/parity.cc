@@ -2,10 +2,15 @@
 //
 //   parity OUT_DIR [cuda|cpu]      (default cuda)
 //
-// Trains one small MLP seven ways, each 300 steps from the same seed, and
+// Trains one small MLP several ways, each 300 steps from the same seed, and
 // writes per-step losses and loss scales (as float bits) plus the final
 // parameters (torch::pickle_save) for parity_twin.py, which runs the same
-// steps with Python's torch.amp and compares bit for bit:
+// steps with Python's torch.amp and compares bit for bit.
+// On every LibTorch, the optimizer's own step() (TrainerOptions().fused(false)):
+//   trainer-bf16-mixed-sgd-clip-unfused  Trainer<Mixed<bf16, NoScaler>> + SGD (momentum, nesterov, weight
+//                           decay), max_grad_norm 1, vs autocast + clip_grad_norm_ + SGD(foreach=False)
+//   trainer-64-true-sgd-unfused  Trainer<True<fp64>> + SGD (momentum) vs model.to(float64) + SGD(foreach=False)
+// Where the LibTorch has fused kernels for the device (CUDA; CPU from 2.4):
 //   recipe-16-mixed         amp::GradScaler + amp::Autocast<fp16> + SGD (momentum), by hand
 //                           vs torch.amp + SGD(foreach=False)
 //   trainer-16-mixed        Trainer<Mixed<fp16, DynamicScaler>> + Adam (the fused path) vs Adam(fused=True)
@@ -18,9 +23,7 @@
 // The GradScalers back off (fp16 overflow) and grow within the run.
 //
 // cuda: needs a CUDA device (exits 0 with "skipped" without one); run by
-// tools/gpu/check.sh. cpu: needs ATen's CPU fused optimizers (LibTorch 2.4+;
-// exits 0 with "skipped" on an older one, where the Trainer's CPU path is
-// LibTorch's own step()); run by tests/parity:parity_python_test.
+// tools/gpu/check.sh. cpu: run by tests/parity:parity_python_test.
 #include <torch/torch.h>
 
 #include <amp/amp.h>
@@ -121,9 +124,9 @@ void trainer_run(Log& log, const Data& data, const std::string& dir, const std::
   auto model = make_model(data.device);
   Opt opt(model->parameters(), opt_options);
   amp::Trainer<Policy, Dev> trainer(model, opt, options.progress(false), std::forward<Scaler>(scaler)...);
-  if (!trainer.fused())  // the twin runs fused=True: anything else compares different kernels
-    throw std::runtime_error("amp: parity: " + name + " takes " + trainer.optimizer_path() +
-                             ", not the fused path its Python twin runs");
+  if (trainer.fused() != options.fused())  // the twin runs fused=True or foreach=False to match
+    throw std::runtime_error("amp: parity: " + name + " takes " + trainer.optimizer_path() + ", not the " +
+                             (options.fused() ? "fused" : "unfused") + " path its Python twin runs");
   constexpr bool scaled = !std::is_same_v<typename Policy::scaler_type, amp::NoScaler>;
   const auto dtype = model->parameters()[0].scalar_type();  // fp32 for Mixed (autocast picks per op)
   for (int i = 0; i < kSteps; ++i) {
@@ -137,17 +140,9 @@ void trainer_run(Log& log, const Data& data, const std::string& dir, const std::
   save_params(dir + "/cpp_" + name + ".pt", *model);
 }
 
+// The runs on the fused path, and the GradScaler recipe.
 template <class Dev>
-int run(const std::string& dir, torch::Device device) {
-  std::cout << "parity: LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor << " on " << device << "\n";
-  Data data(device);
-  {  // Inputs and initial weights, for telling a data/init difference from a numerics one.
-    auto m = make_model(device);
-    std::cout << "parity: inputs x.sum " << data.x.sum().item<double>() << " y.sum " << data.y.sum().item<int64_t>()
-              << " w0[0,0] " << m->parameters()[0].view({-1})[0].item<double>() << " w.sum "
-              << m->parameters()[0].sum().item<double>() << "\n";
-  }
-  Log log{std::ofstream(dir + "/cpp_steps.txt"), ""};
+void fused_runs(Log& log, const Data& data, const std::string& dir) {
   using Fp16 = amp::Mixed<amp::fp16, amp::DynamicScaler>;
   using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
   using torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamW, torch::optim::AdamWOptions;
@@ -166,20 +161,32 @@ int run(const std::string& dir, torch::Device device) {
                                                amp::TrainerOptions());
   trainer_run<amp::True<amp::fp64>, Dev, Adam>(log, data, dir, "trainer-64-true", AdamOptions(1e-3),
                                                amp::TrainerOptions());
-  std::cout << "parity: wrote " << dir << "/cpp_steps.txt\n";
-  return 0;
 }
 
-// A template, so that an older LibTorch never instantiates the CPU fp16 runs.
-template <bool kCpuFused = amp::libtorch_at_least(2, 4)>
-int run_cpu(const std::string& dir) {
-  if constexpr (kCpuFused) {
-    return run<amp::CPU>(dir, torch::kCPU);
-  } else {
-    std::cout << "parity: skipped (LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor
-              << " has no CPU fused optimizers; they came in 2.4)\n";
-    return 0;
+// kFused: the runs on the fused path (and the GradScaler recipe), where the
+// LibTorch has fused kernels for the device; the unfused runs always.
+template <class Dev, bool kFused>
+int run(const std::string& dir, torch::Device device) {
+  std::cout << "parity: LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor << " on " << device << "\n";
+  Data data(device);
+  {  // Inputs and initial weights, for telling a data/init difference from a numerics one.
+    auto m = make_model(device);
+    std::cout << "parity: inputs x.sum " << data.x.sum().item<double>() << " y.sum " << data.y.sum().item<int64_t>()
+              << " w0[0,0] " << m->parameters()[0].view({-1})[0].item<double>() << " w.sum "
+              << m->parameters()[0].sum().item<double>() << "\n";
   }
+  Log log{std::ofstream(dir + "/cpp_steps.txt"), ""};
+  using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
+  using torch::optim::SGD, torch::optim::SGDOptions;
+  // The optimizer's own step(): LibTorch's SGD is Python's SGD(foreach=False), op for op.
+  trainer_run<Bf16, Dev, SGD>(log, data, dir, "trainer-bf16-mixed-sgd-clip-unfused",
+                              SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4),
+                              amp::TrainerOptions().fused(false).max_grad_norm(1.0));
+  trainer_run<amp::True<amp::fp64>, Dev, SGD>(log, data, dir, "trainer-64-true-sgd-unfused",
+                                              SGDOptions(0.01).momentum(0.9), amp::TrainerOptions().fused(false));
+  if constexpr (kFused) fused_runs<Dev>(log, data, dir);
+  std::cout << "parity: wrote " << dir << "/cpp_steps.txt\n";
+  return 0;
 }
 
 }  // namespace
@@ -195,7 +202,8 @@ int main(int argc, char** argv) {
       std::cout << "parity: skipped (no CUDA device)\n";
       return 0;
     }
-    return run<amp::CUDA>(argv[1], torch::kCUDA);
+    return run<amp::CUDA, true>(argv[1], torch::kCUDA);
   }
-  return run_cpu(argv[1]);
+  // An older LibTorch has no CPU fused optimizers (2.4) and no CPU GradScaler kernels (2.3).
+  return run<amp::CPU, amp::libtorch_at_least(2, 4)>(argv[1], torch::kCPU);
 }

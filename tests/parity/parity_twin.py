@@ -3,37 +3,68 @@
     python3 parity_twin.py OUT_DIR [cuda|cpu]     (after `parity OUT_DIR [cuda|cpu]`)
 
 Runs the steps of tests/parity/parity.cc with Python's torch.amp (autocast,
-GradScaler; SGD(foreach=False) for the hand recipe, the per-tensor loop
-LibTorch's C++ SGD is; fused=True optimizers for the Trainers, whose path is
-the fused kernel) and compares every step's loss and loss scale and the final
-parameters with the C++ run bit for bit. Fails unless every scaled run both
-backed off and grew its scale (so skipped steps were compared). On cuda,
+GradScaler; SGD(foreach=False) where C++ runs LibTorch's own SGD step, the
+per-tensor loop it is; fused=True optimizers where C++ takes the fused path)
+and compares every step's loss and loss scale and the final parameters with
+the C++ run bit for bit. Fails unless the C++ half ran the runs this torch
+and device call for, and every scaled run both backed off and grew its scale
+(so skipped steps were compared). On cuda,
 also writes a GradScaler state_dict with torch.save for the Python -> C++
 direction. Exit 1 on any difference.
 """
+import inspect
 import struct
 import sys
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
 STEPS = 300
 
-# name: (autocast dtype, or the model's dtype for a True run; GradScaler init_scale or None; optimizer;
-#        max_grad_norm)
+
+
+class Run(NamedTuple):
+    dtype: torch.dtype  # autocast's, or the model's in a True run
+    true: bool  # Lightning's "bf16-true"/"64-true": the model in that dtype, no autocast
+    init_scale: Optional[float]  # a GradScaler's, or None: no loss scaling
+    make_opt: Callable
+    max_norm: Optional[float]  # clip_grad_norm_ after unscale_, or None
+    fused: bool  # run only where the LibTorch has fused kernels for the device
+
+
+def sgd(**kw):
+    return lambda p: torch.optim.SGD(p, **kw)
+
+
+def adam(**kw):
+    return lambda p: torch.optim.Adam(p, lr=1e-3, fused=True, **kw)
+
+
 RUNS = {
-    "recipe-16-mixed": (torch.float16, 65536.0,
-                        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, foreach=False), None),
-    "trainer-16-mixed": (torch.float16, 65536.0, lambda p: torch.optim.Adam(p, lr=1e-3, fused=True), None),
-    "trainer-bf16-mixed": (torch.bfloat16, None, lambda p: torch.optim.Adam(p, lr=1e-3, fused=True), None),
-    "trainer-16-mixed-adamw-clip": (
-        torch.float16, 65536.0,
-        lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01, amsgrad=True, fused=True), 1.0),
-    "trainer-16-mixed-sgd": (
-        torch.float16, 1024.0,
-        lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4, fused=True), None),
-    "trainer-bf16-true": (torch.bfloat16, None, lambda p: torch.optim.Adam(p, lr=1e-3, fused=True), None),
-    "trainer-64-true": (torch.float64, None, lambda p: torch.optim.Adam(p, lr=1e-3, fused=True), None),
+    # The optimizer's own step() in C++ (TrainerOptions().fused(false)): SGD(foreach=False) is the same ops.
+    "trainer-bf16-mixed-sgd-clip-unfused": Run(
+        torch.bfloat16, False, None, sgd(lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4, foreach=False),
+        1.0, False),
+    "trainer-64-true-sgd-unfused": Run(torch.float64, True, None, sgd(lr=0.01, momentum=0.9, foreach=False), None,
+                                       False),
+    # The fused path.
+    "recipe-16-mixed": Run(torch.float16, False, 65536.0, sgd(lr=0.05, momentum=0.9, foreach=False), None, True),
+    "trainer-16-mixed": Run(torch.float16, False, 65536.0, adam(), None, True),
+    "trainer-bf16-mixed": Run(torch.bfloat16, False, None, adam(), None, True),
+    "trainer-16-mixed-adamw-clip": Run(
+        torch.float16, False, 65536.0,
+        lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01, amsgrad=True, fused=True), 1.0, True),
+    "trainer-16-mixed-sgd": Run(
+        torch.float16, False, 1024.0, sgd(lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4, fused=True),
+        None, True),
+    "trainer-bf16-true": Run(torch.bfloat16, True, None, adam(), None, True),
+    "trainer-64-true": Run(torch.float64, True, None, adam(), None, True),
 }
+
+
+def has_fused(device):  # as parity.cc decides: CUDA, or CPU from torch 2.4
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    return device == "cuda" or (major, minor) >= (2, 4)
 
 
 def bits(x):
@@ -58,27 +89,34 @@ def data(device):
 
 
 def run(name, device, x, y):
-    dtype, init_scale, make_opt, max_norm = RUNS[name]
-    true = name.endswith("-true")  # Lightning's "bf16-true"/"64-true": the model in that dtype, no autocast
-    model = make_model(device).to(dtype) if true else make_model(device)
-    opt = make_opt(model.parameters())
-    scaled = init_scale is not None
-    scaler = torch.amp.GradScaler(device, init_scale=init_scale or 1.0, growth_interval=20, enabled=scaled)
+    r = RUNS[name]
+    model = make_model(device).to(r.dtype) if r.true else make_model(device)
+    opt = r.make_opt(model.parameters())
+    scaled = r.init_scale is not None
+    scaler = torch.amp.GradScaler(device, init_scale=r.init_scale, growth_interval=20) if scaled else None
+    clip = torch.nn.utils.clip_grad_norm_
+    # foreach=False where clip_grad_norm_ has it (2.0+): amp clips tensor by tensor, as LibTorch's C++ one does.
+    clip_kw = {"foreach": False} if "foreach" in inspect.signature(clip).parameters else {}
     rows = []
     for i in range(STEPS):
         opt.zero_grad()
-        if true:
-            loss = torch.nn.functional.cross_entropy(model(x[i].to(dtype)), y[i])
+        if r.true:
+            loss = torch.nn.functional.cross_entropy(model(x[i].to(r.dtype)), y[i])
         else:
-            with torch.autocast(device, dtype=dtype):
+            with torch.autocast(device, dtype=r.dtype):
                 loss = torch.nn.functional.cross_entropy(model(x[i]), y[i])
-        scaler.scale(loss).backward()
-        if max_norm is not None:
-            scaler.unscale_(opt)
-            # foreach=False: amp clips tensor by tensor, as LibTorch's C++ clip_grad_norm_ does.
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=False)
-        scaler.step(opt)
-        scaler.update()
+        if scaler is None:
+            loss.backward()
+            if r.max_norm is not None:
+                clip(model.parameters(), r.max_norm, **clip_kw)
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            if r.max_norm is not None:
+                scaler.unscale_(opt)
+                clip(model.parameters(), r.max_norm, **clip_kw)
+            scaler.step(opt)
+            scaler.update()
         rows.append((name, i, bits(loss.item()), bits(scaler.get_scale() if scaled else 1.0)))
     return rows, [p.detach().cpu() for p in model.parameters()], scaled
 
@@ -93,8 +131,13 @@ def main(out, device):
     for line in open(f"{out}/cpp_steps.txt"):
         run_name, i, loss, scale = line.split()
         cpp[(run_name, int(i))] = (int(loss), int(scale))
+    expected = [name for name, r in RUNS.items() if not r.fused or has_fused(device)]
+    ran = sorted({name for name, _ in cpp})
+    if ran != sorted(expected):
+        print(f"FAIL the C++ half ran {ran}, expected {sorted(expected)} for torch {torch.__version__} on {device}")
+        return 1
     failures = 0
-    for name in RUNS:
+    for name in expected:
         rows, params, scaled = run(name, device, x, y)
         diff_steps = [r[1] for r in rows if cpp.get((r[0], r[1])) != (r[2], r[3])]
         cpp_params = torch.load(f"{out}/cpp_{name}.pt", weights_only=False)
