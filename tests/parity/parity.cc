@@ -35,6 +35,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -70,20 +71,24 @@ uint32_t bits(float f) {
   return u;
 }
 
+// What a run leaves for the twin: one line per step in DIR/cpp_steps.txt, the
+// final parameters in DIR/cpp_<run>.pt.
 struct Log {
+  explicit Log(std::string d) : dir(std::move(d)), out(dir + "/cpp_steps.txt") {}
+  std::string dir;
   std::ofstream out;
   std::string run;
   void step(int i, const torch::Tensor& loss, double scale) {
     out << run << " " << i << " " << bits(loss.item<float>()) << " " << bits(static_cast<float>(scale)) << "\n";
   }
+  void save(torch::nn::Module& m) const {
+    c10::List<torch::Tensor> list;
+    for (const auto& p : m.parameters()) list.push_back(p.detach().cpu());
+    const std::vector<char> bytes = torch::pickle_save(c10::IValue(list));
+    std::ofstream(dir + "/cpp_" + run + ".pt", std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
 };
-
-void save_params(const std::string& path, torch::nn::Module& m) {
-  c10::List<torch::Tensor> list;
-  for (const auto& p : m.parameters()) list.push_back(p.detach().cpu());
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(list));
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 // The SGD run starts lower, so that its first step is not skipped: an SGD
 // momentum buffer whose first step was skipped differs from Python's on
@@ -94,7 +99,7 @@ amp::DynamicScalerOptions scaler_options(double init_scale = 65536.0) {
 
 // The hand-written recipe.
 template <class Dev>
-void recipe(Log& log, const Data& data, const std::string& dir) {
+void recipe(Log& log, const Data& data) {
   log.run = "recipe-16-mixed";
   auto model = make_model(data.device);
   // SGD: LibTorch's C++ Adam computes exp_avg with mul_+add_ where Python's
@@ -113,13 +118,13 @@ void recipe(Log& log, const Data& data, const std::string& dir) {
     scaler.update();
     log.step(i, loss, scaler.get_scale());
   }
-  save_params(dir + "/cpp_recipe-16-mixed.pt", *model);
+  log.save(*model);
 }
 
 // One Trainer run; `Opt` made from `opt_options`, the Trainer from `options`.
 template <class Policy, class Dev, class Opt, class OptOptions, class... Scaler>
-void trainer_run(Log& log, const Data& data, const std::string& dir, const std::string& name,
-                 const OptOptions& opt_options, amp::TrainerOptions options, Scaler&&... scaler) {
+void trainer_run(Log& log, const Data& data, const std::string& name, const OptOptions& opt_options,
+                 amp::TrainerOptions options, Scaler&&... scaler) {
   log.run = name;
   auto model = make_model(data.device);
   Opt opt(model->parameters(), opt_options);
@@ -137,29 +142,29 @@ void trainer_run(Log& log, const Data& data, const std::string& dir, const std::
     if constexpr (scaled) scale = trainer.scaler().get_scale();
     log.step(i, r.loss, scale);
   }
-  save_params(dir + "/cpp_" + name + ".pt", *model);
+  log.save(*model);
 }
 
 // The runs on the fused path, and the GradScaler recipe.
 template <class Dev>
-void fused_runs(Log& log, const Data& data, const std::string& dir) {
+void fused_runs(Log& log, const Data& data) {
   using Fp16 = amp::Mixed<amp::fp16, amp::DynamicScaler>;
   using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
   using torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamW, torch::optim::AdamWOptions;
   using torch::optim::SGD, torch::optim::SGDOptions;
-  recipe<Dev>(log, data, dir);
-  trainer_run<Fp16, Dev, Adam>(log, data, dir, "trainer-16-mixed", AdamOptions(1e-3), amp::TrainerOptions(),
+  recipe<Dev>(log, data);
+  trainer_run<Fp16, Dev, Adam>(log, data, "trainer-16-mixed", AdamOptions(1e-3), amp::TrainerOptions(),
                                amp::DynamicScaler(scaler_options()));
-  trainer_run<Bf16, Dev, Adam>(log, data, dir, "trainer-bf16-mixed", AdamOptions(1e-3), amp::TrainerOptions());
-  trainer_run<Fp16, Dev, AdamW>(log, data, dir, "trainer-16-mixed-adamw-clip",
+  trainer_run<Bf16, Dev, Adam>(log, data, "trainer-bf16-mixed", AdamOptions(1e-3), amp::TrainerOptions());
+  trainer_run<Fp16, Dev, AdamW>(log, data, "trainer-16-mixed-adamw-clip",
                                 AdamWOptions(1e-3).weight_decay(0.01).amsgrad(true),
                                 amp::TrainerOptions().max_grad_norm(1.0), amp::DynamicScaler(scaler_options()));
-  trainer_run<Fp16, Dev, SGD>(log, data, dir, "trainer-16-mixed-sgd",
+  trainer_run<Fp16, Dev, SGD>(log, data, "trainer-16-mixed-sgd",
                               SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4),
                               amp::TrainerOptions(), amp::DynamicScaler(scaler_options(1024.0)));
-  trainer_run<amp::True<amp::bf16>, Dev, Adam>(log, data, dir, "trainer-bf16-true", AdamOptions(1e-3),
+  trainer_run<amp::True<amp::bf16>, Dev, Adam>(log, data, "trainer-bf16-true", AdamOptions(1e-3),
                                                amp::TrainerOptions());
-  trainer_run<amp::True<amp::fp64>, Dev, Adam>(log, data, dir, "trainer-64-true", AdamOptions(1e-3),
+  trainer_run<amp::True<amp::fp64>, Dev, Adam>(log, data, "trainer-64-true", AdamOptions(1e-3),
                                                amp::TrainerOptions());
 }
 
@@ -175,16 +180,16 @@ int run(const std::string& dir, torch::Device device) {
               << " w0[0,0] " << m->parameters()[0].view({-1})[0].item<double>() << " w.sum "
               << m->parameters()[0].sum().item<double>() << "\n";
   }
-  Log log{std::ofstream(dir + "/cpp_steps.txt"), ""};
+  Log log(dir);
   using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
   using torch::optim::SGD, torch::optim::SGDOptions;
   // The optimizer's own step(): LibTorch's SGD is Python's SGD(foreach=False), op for op.
-  trainer_run<Bf16, Dev, SGD>(log, data, dir, "trainer-bf16-mixed-sgd-clip-unfused",
+  trainer_run<Bf16, Dev, SGD>(log, data, "trainer-bf16-mixed-sgd-clip-unfused",
                               SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4),
                               amp::TrainerOptions().fused(false).max_grad_norm(1.0));
-  trainer_run<amp::True<amp::fp64>, Dev, SGD>(log, data, dir, "trainer-64-true-sgd-unfused",
+  trainer_run<amp::True<amp::fp64>, Dev, SGD>(log, data, "trainer-64-true-sgd-unfused",
                                               SGDOptions(0.01).momentum(0.9), amp::TrainerOptions().fused(false));
-  if constexpr (kFused) fused_runs<Dev>(log, data, dir);
+  if constexpr (kFused) fused_runs<Dev>(log, data);
   std::cout << "parity: wrote " << dir << "/cpp_steps.txt\n";
   return 0;
 }

@@ -8,9 +8,9 @@ per-tensor loop it is; fused=True optimizers where C++ takes the fused path)
 and compares every step's loss and loss scale and the final parameters with
 the C++ run bit for bit. Fails unless the C++ half ran the runs this torch
 and device call for, and every scaled run both backed off and grew its scale
-(so skipped steps were compared). On cuda,
-also writes a GradScaler state_dict with torch.save for the Python -> C++
-direction. Exit 1 on any difference.
+(so skipped steps were compared). On cuda, also writes a GradScaler
+state_dict with torch.save for the Python -> C++ direction. Exit 1 on any
+difference.
 """
 import inspect
 import struct
@@ -20,7 +20,6 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 STEPS = 300
-
 
 
 class Run(NamedTuple):
@@ -92,8 +91,8 @@ def run(name, device, x, y):
     r = RUNS[name]
     model = make_model(device).to(r.dtype) if r.true else make_model(device)
     opt = r.make_opt(model.parameters())
-    scaled = r.init_scale is not None
-    scaler = torch.amp.GradScaler(device, init_scale=r.init_scale, growth_interval=20) if scaled else None
+    # No GradScaler at all when unscaled: torch 1.13 has no torch.amp.GradScaler.
+    scaler = None if r.init_scale is None else torch.amp.GradScaler(device, init_scale=r.init_scale, growth_interval=20)
     clip = torch.nn.utils.clip_grad_norm_
     # foreach=False where clip_grad_norm_ has it (2.0+): amp clips tensor by tensor, as LibTorch's C++ one does.
     clip_kw = {"foreach": False} if "foreach" in inspect.signature(clip).parameters else {}
@@ -117,8 +116,8 @@ def run(name, device, x, y):
                 clip(model.parameters(), r.max_norm, **clip_kw)
             scaler.step(opt)
             scaler.update()
-        rows.append((name, i, bits(loss.item()), bits(scaler.get_scale() if scaled else 1.0)))
-    return rows, [p.detach().cpu() for p in model.parameters()], scaled
+        rows.append((name, i, bits(loss.item()), bits(scaler.get_scale() if scaler else 1.0)))
+    return rows, [p.detach().cpu() for p in model.parameters()]
 
 
 def main(out, device):
@@ -138,7 +137,8 @@ def main(out, device):
         return 1
     failures = 0
     for name in expected:
-        rows, params, scaled = run(name, device, x, y)
+        rows, params = run(name, device, x, y)
+        scaled = RUNS[name].init_scale is not None
         diff_steps = [r[1] for r in rows if cpp.get((r[0], r[1])) != (r[2], r[3])]
         cpp_params = torch.load(f"{out}/cpp_{name}.pt", weights_only=False)
         same_params = len(cpp_params) == len(params) and all(torch.equal(a, b) for a, b in zip(cpp_params, params))
