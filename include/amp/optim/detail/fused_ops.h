@@ -94,8 +94,6 @@ inline bool dtype_supported(c10::ScalarType dtype) {
   return dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16;
 }
 
-// Why no fused kernel serves `optimizer` for its parameters on `device`, or
-// "" when one does. Sets *kind to the optimizer's kind either way.
 // A kernel known to compute wrong results for parameter p (compat.h), in
 // words; "" when none is known.
 inline std::string known_bad(FusedKind kind, const at::Tensor& p) {
@@ -107,6 +105,8 @@ inline std::string known_bad(FusedKind kind, const at::Tensor& p) {
   return "";
 }
 
+// Why no fused kernel serves `optimizer` for its parameters on `device`, or
+// "" when one does. Sets *kind to the optimizer's kind either way.
 inline std::string unsupported_reason(const torch::optim::Optimizer& optimizer, c10::DeviceType device,
                                       FusedKind* kind) {
   *kind = kind_of_class(optimizer);
