@@ -131,7 +131,7 @@ class Trainer {
       : module_(detail::as_module(std::forward<Model>(model))),
         options_(std::move(options)),
         stepper_(setup(optimizer), options_.stepper(), std::move(scaler)),
-        closure_optimizer_(dynamic_cast<torch::optim::LBFGS*>(&optimizer) != nullptr) {}
+        closure_optimizer_(closure_based(optimizer)) {}
 
   // One optimizer step (or one micro-batch of it, with accumulation):
   // fn(region) runs the forward under the policy and returns the loss.
@@ -305,11 +305,16 @@ class Trainer {
     return fn(region);
   }
 
+  // An optimizer that re-evaluates the loss inside step(closure).
+  static bool closure_based(torch::optim::Optimizer& opt) {
+    return dynamic_cast<torch::optim::LBFGS*>(&opt) != nullptr;
+  }
+
   // Checks the model and optimizer and, for True<D>, converts the model: before
   // the Stepper is made, so that it chooses its optimizer path (fused or not)
   // for the parameters' final dtype. Returns `opt`.
   torch::optim::Optimizer& setup(torch::optim::Optimizer& opt) {
-    const bool closure_optimizer = dynamic_cast<torch::optim::LBFGS*>(&opt) != nullptr;
+    const bool closure_optimizer = closure_based(opt);
     TORCH_CHECK(!(closure_optimizer && traits::uses_loss_scaling),
                 "amp: a closure-based optimizer (LBFGS) cannot be used with the loss-scaling policy \"", precision,
                 "\": the scaler would have to unscale and check gradients inside LBFGS's closure; use "
