@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -67,21 +68,26 @@ class CapturedOptions {
                " parameters, the step was captured with " + std::to_string(sizes_[g]);
       if (!same(*options_[g], groups[g].options()))
         return "the options of param group " + std::to_string(g) + " changed (lr " +
-               std::to_string(options_[g]->get_lr()) + " at capture, now " + std::to_string(groups[g].options().get_lr()) +
-               ", or another hyperparameter)";
+               std::to_string(options_[g]->get_lr()) + " at capture, now " +
+               std::to_string(groups[g].options().get_lr()) + ", or another hyperparameter)";
     }
     return "";
   }
 
  private:
+  // Whether a and b are equal options of kind O; nullopt when a is not an O.
   template <class O>
-  static const O* as(const torch::optim::OptimizerOptions& o) {
-    return dynamic_cast<const O*>(&o);
+  static std::optional<bool> equal_as(const torch::optim::OptimizerOptions& a,
+                                      const torch::optim::OptimizerOptions& b) {
+    const auto* x = dynamic_cast<const O*>(&a);
+    if (x == nullptr) return std::nullopt;
+    const auto* y = dynamic_cast<const O*>(&b);
+    return y != nullptr && *x == *y;
   }
   static bool same(const torch::optim::OptimizerOptions& a, const torch::optim::OptimizerOptions& b) {
-    if (const auto* x = as<torch::optim::AdamOptions>(a)) return as<torch::optim::AdamOptions>(b) && *x == *as<torch::optim::AdamOptions>(b);
-    if (const auto* x = as<torch::optim::AdamWOptions>(a)) return as<torch::optim::AdamWOptions>(b) && *x == *as<torch::optim::AdamWOptions>(b);
-    if (const auto* x = as<torch::optim::SGDOptions>(a)) return as<torch::optim::SGDOptions>(b) && *x == *as<torch::optim::SGDOptions>(b);
+    if (const auto r = equal_as<torch::optim::AdamOptions>(a, b)) return *r;
+    if (const auto r = equal_as<torch::optim::AdamWOptions>(a, b)) return *r;
+    if (const auto r = equal_as<torch::optim::SGDOptions>(a, b)) return *r;
     return a.get_lr() == b.get_lr();  // not reached: capture needs a fused kind
   }
 
