@@ -153,7 +153,7 @@ void run(benchmark::State& state, torch::nn::Sequential (*make)(), torch::Device
 }
 
 #ifdef AMP_LIBTORCH_HAS_CUDA
-// The launch-bound step three ways in one run: captured in a CUDA graph
+// The launch-bound step two ways in one run: captured in a CUDA graph
 // (Trainer::capture) against the eager fused step, interleaved per round.
 // Counters: captured_steps_per_s, eager_fused_steps_per_s, speedup (captured
 // over eager fused), captured_syncs_per_step, pool_mib (the graph's private
