@@ -1,14 +1,18 @@
 """Build macros shared by tests, examples and benchmarks."""
 
+load("@libtorch//:version.bzl", "CXX_STD")
+
 # Our own headers are included with -I (warnings on); LibTorch, gtest and
-# Boost are -isystem, so -Werror applies to amp's code only.
+# Boost are -isystem, so -Werror applies to amp's code only. The standard is
+# the one the LibTorch line needs (bazel/local_deps.bzl decides it).
 AMP_WARNINGS = ["-Wall", "-Wextra", "-Werror"]
+AMP_COPTS = ["-std=" + CXX_STD] + AMP_WARNINGS
 
 def amp_cc_test(name, srcs, deps = [], size = "small", timeout = None, copts = [], **kw):
     native.cc_test(
         name = name,
         srcs = srcs,
-        copts = AMP_WARNINGS + copts,
+        copts = AMP_COPTS + copts,
         deps = ["//:amp", "@libtorch", "@system_libs//:hana", "@system_libs//:gtest_main", "@system_libs//:gmock"] + deps,
         size = size,
         timeout = timeout,
@@ -19,13 +23,34 @@ def amp_cc_binary(name, srcs, deps = [], copts = [], **kw):
     native.cc_binary(
         name = name,
         srcs = srcs,
-        copts = AMP_WARNINGS + copts,
+        copts = AMP_COPTS + copts,
         deps = ["//:amp", "@libtorch", "@system_libs//:hana"] + deps,
         **kw
     )
 
 def amp_cc_benchmark(name, srcs, deps = [], copts = [], **kw):
     amp_cc_binary(name = name, srcs = srcs, deps = ["@system_libs//:benchmark_main"] + deps, copts = copts, **kw)
+
+def compile_check_test(name, script, args, data, size = "small"):
+    """A check that only compiles, split so that no test timeout covers the
+    compiler: a build action runs `script args` and records its output and
+    exit status (it never fails the build); the test reports that record and
+    fails with the check's status. On a loaded machine the compiles are
+    slower, not failed."""
+    native.genrule(
+        name = name + "_compile",
+        srcs = data + [script],
+        outs = [name + ".compile.log"],
+        cmd = "bash $(location %s) %s >$@ 2>&1; echo \"exit status $$?\" >>$@" % (script, " ".join(args)),
+        testonly = True,
+    )
+    native.sh_test(
+        name = name,
+        srcs = ["//tools:compile_check_report.sh"],
+        args = ["$(location :%s.compile.log)" % name],
+        data = [":%s.compile.log" % name],
+        size = size,
+    )
 
 def compile_fail_test(name, src, expect = None, deps = []):
     """`src` must compile without AMP_SHOULD_FAIL (the passing twin) and fail
@@ -34,22 +59,38 @@ def compile_fail_test(name, src, expect = None, deps = []):
     args = ["$(location %s)" % src, "$(location @libtorch//:compile_flags.txt)"]
     if expect:
         args.append("'%s'" % expect.replace("'", "'\\''"))
-    native.sh_test(
+    compile_check_test(
         name = name,
-        srcs = ["//tools:compile_fail_test.sh"],
+        script = "//tools:compile_fail_test.sh",
         args = args,
         data = [src, "//:amp_headers", "@libtorch//:compile_flags.txt"] + deps,
-        size = "medium",
     )
 
 def header_self_contained_tests(headers):
-    """One sh_test per public header (call from the root package, which owns
+    """One test per public header (call from the root package, which owns
     include/): each header compiles on its own, warning-free."""
     for hdr in headers:
-        native.sh_test(
+        compile_check_test(
             name = "header_" + hdr[len("include/"):].replace("/", "_").replace(".", "_"),
-            srcs = ["//tools:header_test.sh"],
+            script = "//tools:header_test.sh",
             args = ["$(location @libtorch//:compile_flags.txt)", hdr],
             data = [":amp_headers", "@libtorch//:compile_flags.txt"],
-            size = "small",
         )
+
+def bzlmod_consumer_test(name):
+    """tests/bzlmod_consumer_test.sh, where the Bazel running it has Bzlmod
+    (7+; Debian 12's and 13's Bazel 4.2.3 have none, Debian 14's 7.7 has)."""
+    if int(native.bazel_version.split(".")[0]) < 7:
+        return
+    native.sh_test(
+        name = name,
+        srcs = ["bzlmod_consumer_test.sh"],
+        data = [
+            "//:MODULE.bazel",
+            "//:amp_headers",
+            "bzlmod_consumer/BUILD.bazel",
+            "bzlmod_consumer/main.cc",
+        ],
+        timeout = "long",  # a whole Bazel build inside the test
+        tags = ["local"],
+    )

@@ -4,9 +4,18 @@
 downloaded LibTorch or a pip wheel's torch/ directory (the one holding include/
 and lib/). CUDA libraries are linked when the prefix has them, and then
 AMP_LIBTORCH_HAS_CUDA is defined. The repository also exports
-`compile_flags.txt` (the -isystem/-D flags a plain compiler invocation needs),
-used by the compile-fail and header tests.
+`compile_flags.txt` (the -std/-isystem/-D flags a plain compiler invocation
+needs), used by the compile-fail and header tests, and `version.bzl`
+(TORCH_VERSION, HAS_CUDA, CXX_STD) for build logic.
+
+The C++ standard is chosen here, once for every line: amp itself needs C++17;
+LibTorch's headers need C++20 from CXX20_SINCE on (ATen/ATen.h:
+`#error C++20 or later compatible compiler is required to use ATen.`,
+pytorch#178150, first released in 2.14). bazel/amp.bzl's macros and the
+compile checks read it from here.
 """
+
+CXX20_SINCE = (2, 14)
 
 def _first_existing(ctx, paths):
     for p in paths:
@@ -44,15 +53,8 @@ def _libtorch_impl(ctx):
         defines = ["AMP_LIBTORCH_HAS_CUDA=1"]
     linkopts = ["-L" + libdir, "-Wl,-rpath," + libdir, "-Wl,--no-as-needed"] + libs + ["-Wl,--as-needed", "-pthread"]
 
-    # When torch's headers are not under a default system include dir, plain
-    # compiler invocations need them too.
-    flags = ["-isystem", str(ctx.path("include")), "-isystem", str(ctx.path("api/include"))]
-    for d in defines:
-        flags.append("-D" + d)
-    ctx.file("compile_flags.txt", "\n".join(flags) + "\n")
-
-    # The version, for build logic that depends on it (e.g. tests of rules
-    # that only hold before a given LibTorch).
+    # The version, for build logic that depends on it (the C++ standard, tests
+    # of rules that only hold before a given LibTorch).
     major, minor = 0, 0
     for line in ctx.read(api + "/torch/version.h").splitlines():
         parts = [p for p in line.replace("\t", " ").split(" ") if p]
@@ -60,7 +62,15 @@ def _libtorch_impl(ctx):
             major = int(parts[2])
         if len(parts) == 3 and parts[0] == "#define" and parts[1] == "TORCH_VERSION_MINOR":
             minor = int(parts[2])
-    ctx.file("version.bzl", "TORCH_VERSION = (%d, %d)\nHAS_CUDA = %s\n" % (major, minor, has_cuda))
+    cxx_std = "c++20" if (major, minor) >= CXX20_SINCE else "c++17"
+    ctx.file("version.bzl", "TORCH_VERSION = (%d, %d)\nHAS_CUDA = %s\nCXX_STD = \"%s\"\n" % (major, minor, has_cuda, cxx_std))
+
+    # Plain compiler invocations need the standard, and torch's headers when
+    # they are not under a default system include dir.
+    flags = ["-std=" + cxx_std, "-isystem", str(ctx.path("include")), "-isystem", str(ctx.path("api/include"))]
+    for d in defines:
+        flags.append("-D" + d)
+    ctx.file("compile_flags.txt", "\n".join(flags) + "\n")
 
     ctx.file("WORKSPACE", "workspace(name = \"libtorch\")\n")
     ctx.file("BUILD.bazel", """

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -359,17 +360,25 @@ TEST(Checkpoint, LoadDropsOptimizerStateTheCheckpointLacks) {
   EXPECT_TRUE(same_parameters(*stepped.net, *reference.net));
 }
 
-// Run by KillDuringSaveLeavesALoadableFile in a child process: saves forever.
+// Run by KillDuringSaveLeavesALoadableFile in a child process: saves forever,
+// writing one byte to the pipe AMP_TEST_SAVE_PROGRESS_FD after each save.
 TEST(CheckpointChild, SaveForever) {
   const char* path = std::getenv("AMP_TEST_SAVE_FOREVER");
-  if (!path) GTEST_SKIP() << "helper for KillDuringSaveLeavesALoadableFile";
+  const char* fd = std::getenv("AMP_TEST_SAVE_PROGRESS_FD");
+  if (!path || !fd) GTEST_SKIP() << "helper for KillDuringSaveLeavesALoadableFile";
+  const int progress = std::atoi(fd);
   TrainRun<amp::True<amp::fp32>> a;
   for (;;) {
     a.train(1);
     a.trainer->save(path);
+    const char saved = 's';
+    if (write(progress, &saved, 1) != 1) return;
   }
 }
 
+// The child is killed after it reported 2 + trial finished saves, plus a
+// delay that varies by trial so that some kills land inside a save. It waits
+// on the child's progress, not on a clock: a busy machine only makes it slower.
 TEST(Checkpoint, KillDuringSaveLeavesALoadableFile) {
   const std::string path = tmp_path("killed.pt");
   {
@@ -378,28 +387,41 @@ TEST(Checkpoint, KillDuringSaveLeavesALoadableFile) {
     a.trainer->save(path);
   }
   std::string self = fs::read_symlink("/proc/self/exe").string();
-  int64_t newest = 0;
   for (int trial = 0; trial < 6; ++trial) {
-    std::string env_kv = "AMP_TEST_SAVE_FOREVER=" + path;
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    std::string env_path = "AMP_TEST_SAVE_FOREVER=" + path;
+    std::string env_fd = "AMP_TEST_SAVE_PROGRESS_FD=" + std::to_string(fds[1]);
     std::vector<char*> envp;
     for (char** e = environ; *e; ++e) envp.push_back(*e);
-    envp.push_back(env_kv.data());
+    envp.push_back(env_path.data());
+    envp.push_back(env_fd.data());
     envp.push_back(nullptr);
     std::string filter = "--gtest_filter=CheckpointChild.SaveForever";
     char* argv[] = {self.data(), filter.data(), nullptr};
     pid_t pid;
-    ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(600 + 137 * trial));
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    const int spawned = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv, envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    ASSERT_EQ(spawned, 0);
+    int saves = 0;
+    char byte;
+    while (saves < 2 + trial && read(fds[0], &byte, 1) == 1) ++saves;
+    std::this_thread::sleep_for(std::chrono::milliseconds(37 * trial));
     kill(pid, SIGKILL);
+    close(fds[0]);
     int status = 0;
     waitpid(pid, &status, 0);
+    ASSERT_EQ(saves, 2 + trial) << "the child ended before it saved " << 2 + trial << " times";
     ASSERT_TRUE(WIFSIGNALED(status));
     TrainRun<amp::True<amp::fp32>> b(8);
     EXPECT_NO_THROW(b.trainer->load(path)) << "trial " << trial;
-    EXPECT_GE(b.trainer->steps(), 1);
-    newest = std::max(newest, b.trainer->steps());
+    // Whatever the kill hit, the file holds at least the child's second save (2 steps).
+    EXPECT_GE(b.trainer->steps(), 2) << "trial " << trial;
   }
-  EXPECT_GT(newest, 1) << "the child never replaced the checkpoint: the kill hit nothing";
 }
 
 TEST(Checkpoint, SaveMidAccumulationIsRefused) {

@@ -16,9 +16,8 @@ if [ -z "$expect" ]; then
   fi
 fi
 cxx=${CXX:-g++}
-std=${AMP_CXX_STD:--std=c++17}
-read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")
-common=("$std" -fsyntax-only -Wall -Wextra -Werror -Iinclude "${torch_flags[@]}")
+read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")  # -std= comes with them
+common=("${torch_flags[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude)
 
 if ! twin_log=$("$cxx" "${common[@]}" "$src" 2>&1); then
   echo "FAIL: the passing twin of $src does not compile:"

@@ -6,8 +6,7 @@
 set -u
 readme=$1 matrix_bin=$2 flags_file=$3
 cxx=${CXX:-g++}
-std=${AMP_CXX_STD:--std=c++17}
-read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")
+read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")  # -std= comes with them
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 awk -v dir="$tmp" '
   /^```cpp/ { n++; file = sprintf("%s/block_%02d.cc", dir, n); inblock = 1; next }
@@ -18,7 +17,7 @@ fails=0 count=0
 for f in "$tmp"/block_*.cc; do
   [ -e "$f" ] || continue
   count=$((count + 1))
-  if log=$("$cxx" "$std" -fsyntax-only -Wall -Wextra -Werror -Iinclude "${torch_flags[@]}" "$f" 2>&1); then
+  if log=$("$cxx" "${torch_flags[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$f" 2>&1); then
     echo "ok   README C++ block $(basename "$f")"
   else
     echo "FAIL README C++ block $(basename "$f"):"; sed 's/^/    /' "$f"; echo "$log" | head -20
