@@ -55,13 +55,20 @@ def _libtorch_impl(ctx):
 
     # The version, for build logic that depends on it (the C++ standard, tests
     # of rules that only hold before a given LibTorch).
-    major, minor = 0, 0
-    for line in ctx.read(api + "/torch/version.h").splitlines():
-        parts = [p for p in line.replace("\t", " ").split(" ") if p]
-        if len(parts) == 3 and parts[0] == "#define" and parts[1] == "TORCH_VERSION_MAJOR":
-            major = int(parts[2])
-        if len(parts) == 3 and parts[0] == "#define" and parts[1] == "TORCH_VERSION_MINOR":
-            minor = int(parts[2])
+    # torch/version.h holds the numbers up to 2.x; later releases include
+    # torch/headeronly/version.h from it (2.14 does).
+    major, minor = None, None
+    for f in [api + "/torch/version.h", inc + "/torch/headeronly/version.h"]:
+        if not ctx.path(f).exists:
+            continue
+        for line in ctx.read(f).splitlines():
+            parts = [p for p in line.replace("\t", " ").split(" ") if p]
+            if len(parts) == 3 and parts[0] == "#define" and parts[1] == "TORCH_VERSION_MAJOR":
+                major = int(parts[2])
+            if len(parts) == 3 and parts[0] == "#define" and parts[1] == "TORCH_VERSION_MINOR":
+                minor = int(parts[2])
+    if major == None or minor == None:
+        fail("amp: no TORCH_VERSION_MAJOR/MINOR in %s/torch/version.h or %s/torch/headeronly/version.h" % (api, inc))
     cxx_std = "c++20" if (major, minor) >= CXX20_SINCE else "c++17"
     ctx.file("version.bzl", "TORCH_VERSION = (%d, %d)\nHAS_CUDA = %s\nCXX_STD = \"%s\"\n" % (major, minor, has_cuda, cxx_std))
 

@@ -10,7 +10,7 @@ mkdir -p "$amp" "$app"
 # packages, not just the files this test declares), less tests/.
 src=$(dirname "$(readlink -f MODULE.bazel)")
 (cd "$src" && cp -r MODULE.bazel BUILD.bazel README.md CMakeLists.txt bazel cmake include tools "$amp"/)
-cp -L tests/bzlmod_consumer/BUILD.bazel tests/bzlmod_consumer/main.cc "$app"/
+cp -L tests/bzlmod_consumer/main.cc "$app"/ && cp -L tests/bzlmod_consumer/BUILD.consumer "$app/BUILD.bazel"
 cat >"$app/MODULE.bazel" <<MOD
 module(name = "amp_consumer")
 bazel_dep(name = "amp", version = "0.1.0")

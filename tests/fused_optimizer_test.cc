@@ -388,9 +388,23 @@ TEST(FusedKindTest, StateKeyFindsLibTorchsOwnEntries) {
 }
 
 // ATen's CPU fused SGD skips the vectorized blocks of fp16/bf16 parameters
-// (pytorch#191763; compat::kCpuFusedSgdUpdatesHalfTypes): amp must not take it.
-TEST(FusedKindTest, NoCpuFusedSgdForHalfTypes) {
+// before pytorch#192545 (pytorch#191763; compat::kCpuFusedSgdUpdatesHalfTypes):
+// amp must not take it there, and takes it where the kernel has the fix.
+TEST(FusedKindTest, CpuFusedSgdForHalfTypesOnlyWithTheKernelFix) {
   if (!compat::has_fused_op(compat::FusedOp::kSgd, c10::DeviceType::CPU)) GTEST_SKIP() << "no CPU fused SGD";
+  if (compat::kCpuFusedSgdUpdatesHalfTypes) {
+    for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+      at::Tensor p = torch::ones({64}, dtype).requires_grad_();
+      torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1).momentum(0.9));
+      EXPECT_EQ(fused_kind(sgd, c10::DeviceType::CPU), FusedKind::kSGD) << dtype;
+      FusedStep fused(sgd);
+      p.mutable_grad() = torch::ones({64}, dtype);
+      fused.step();
+      // 1 - 0.1 * 1 in every element, the vectorized blocks included.
+      EXPECT_TRUE(torch::equal(p, torch::full({64}, 0.9, dtype))) << dtype << ": " << p;
+    }
+    return;
+  }
   for (const auto dtype : {at::kBFloat16, at::kHalf}) {
     at::Tensor p = torch::ones({64}, dtype).requires_grad_();
     torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -413,13 +427,12 @@ TEST(FusedKindTest, NoCpuFusedSgdForHalfTypes) {
     }
     EXPECT_TRUE(torch::equal(q, torch::ones({64}, dtype))) << "nothing stepped";
   }
-  if (compat::kCpuFusedSgdUpdatesHalfTypes) return;
   // The kernel itself, so that this test says when a LibTorch has the fix.
   at::Tensor p = torch::ones({64}, at::kBFloat16), g = torch::full({64}, 0.5, at::kBFloat16);
   amp::detail::fused::sgd_({p}, {g}, {}, 0.0, 0.0, 0.1, 0.0, false, false, false, c10::nullopt, c10::nullopt);
   EXPECT_TRUE(torch::equal(p, torch::ones({64}, at::kBFloat16)))
-      << "this LibTorch's CPU fused SGD updates bf16 parameters: pytorch#191763 is fixed in it; give "
-         "compat::kCpuFusedSgdUpdatesHalfTypes a version threshold";
+      << "this LibTorch's CPU fused SGD updates bf16 parameters: pytorch#191763 is fixed in it; lower "
+         "compat::kCpuFusedSgdUpdatesHalfTypes's version threshold to this release";
 }
 
 TEST(FusedKindTest, ReportsWhatThisLibTorchHas) {
@@ -584,6 +597,33 @@ TEST_P(Fused, GradScaleUnscalesInsideTheKernel) {
 }
 
 // --- skipped steps -------------------------------------------------------------------
+
+// SGD with momentum whose first steps were skipped keeps one pending flag per
+// kernel call: with two param groups (two calls), the second group must still
+// take its first-step update (buffer = gradient) when the first clean step
+// comes, as a run that never saw the skipped steps does. (The flag was once
+// one tensor shared by every call, updated in place by the first.)
+TEST_P(Fused, SgdGroupsEachTakeTheirFirstStepAfterSkippedSteps) {
+  const auto make = [](const std::vector<at::Tensor>& p) {
+    using torch::optim::SGDOptions;
+    return make_opt<torch::optim::SGD>(p, SGDOptions(0.05).momentum(0.9).dampening(0.3),
+                                       SGDOptions(0.1).momentum(0.9).dampening(0.3));
+  };
+  const Config c{"sgd_two_groups_dampening", FusedKind::kSGD, make};
+  const auto init = make_params(device_);
+  Trial main(c, clone_params(init), true), ref(c, clone_params(init), true);
+  for (int t = 0; t < 2; ++t) {  // skipped: inf in the gradients, found_inf = 1
+    auto grads = make_grads(main.params, t, 8.0);
+    poison(grads[0], 3, std::numeric_limits<double>::infinity());
+    set_grads(main.params, grads);
+    main.fused->step(flag(8.0, device_), flag(1.0, device_));
+  }
+  for (int t = 2; t < 5; ++t) {
+    main.step(t, 8.0, flag(8.0, device_), flag(0.0, device_));
+    ref.step(t, 8.0, flag(8.0, device_));
+    EXPECT_TRUE(same_bits(snapshot(main), snapshot(ref))) << "step " << t;
+  }
+}
 
 // found_inf = 1 (with inf or NaN in the gradients, and a grad_scale) changes no
 // bit of the parameters, the state, the step counters or the gradients. On the

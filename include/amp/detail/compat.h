@@ -116,10 +116,9 @@ static_assert(kHasFusedAdamW == libtorch_at_least(2, 0) && kHasFusedSgd == libto
 // ATen's CPU fused SGD skips the vectorized blocks of fp16/bf16 parameters:
 // only a tensor's scalar tail (numel mod the SIMD width) is updated
 // (pytorch#191763, fixed by pytorch#192545 in August 2026; measured on
-// LibTorch 2.6: a 16-element bf16 parameter stays unchanged). No LibTorch amp
-// is tested with has the fix, so amp takes the unfused step there. When a
-// release with the fix is known, make this a version threshold.
-inline constexpr bool kCpuFusedSgdUpdatesHalfTypes = false;
+// LibTorch 2.6: a 16-element bf16 parameter stays unchanged; 2.14 updates it).
+// Releases between 2.6 and 2.14 are untested: amp takes the unfused step there.
+inline constexpr bool kCpuFusedSgdUpdatesHalfTypes = libtorch_at_least(2, 14);
 
 // --- Gloo (amp/distributed.h, detail/compat_c10d.h) ---
 // Gloo's all-reduce, broadcast and allgather take BFloat16 from some 2.x on

@@ -266,8 +266,9 @@ inline c10::Device training_device(const ProcessInfo& info, Backend backend) {
     TORCH_CHECK(compat::kHasNccl, "amp: ProcessGroupOptions::backend is kNccl, but ", kNoNcclFix);
     TORCH_CHECK(torch::cuda::is_available(), "amp: ProcessGroupOptions::backend is kNccl, but LibTorch sees no CUDA "
                                              "device; use Backend::kGloo (or kAuto) to train on CPU");
-    TORCH_CHECK(static_cast<size_t>(info.local_rank) < torch::cuda::device_count(), "amp: LOCAL_RANK=",
-                info.local_rank, " but this process sees ", torch::cuda::device_count(),
+    // device_count() is size_t up to 2.x, c10::DeviceIndex (int8) in 2.14.
+    const auto devices = static_cast<int64_t>(torch::cuda::device_count());
+    TORCH_CHECK(info.local_rank < devices, "amp: LOCAL_RANK=", info.local_rank, " but this process sees ", devices,
                 " CUDA device(s); start one process per GPU, or pass init_process_group a ProcessInfo whose "
                 "local_rank is this process's GPU index");
   }

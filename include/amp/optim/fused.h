@@ -357,7 +357,8 @@ class FusedStep {
     at::Tensor ran;  // 1 where the buffers' first step has run, after this step
     if (call.first_step == 1) {
       sgd(call.bufs, true, found);
-      if (found) ran = flags.not_found(call.device);
+      // Its own tensor: a later step updates each call's flag in place.
+      if (found) ran = flags.not_found(call.device).clone();
     } else {
       // Pending buffers: exactly one of the two calls runs (none on inf).
       const at::Tensor& done = call.pending;
