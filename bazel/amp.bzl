@@ -6,7 +6,11 @@ load("@libtorch//:version.bzl", "CXX_STD")
 # Boost are -isystem, so -Werror applies to amp's code only. The standard is
 # the one the LibTorch line needs (bazel/local_deps.bzl decides it).
 AMP_WARNINGS = ["-Wall", "-Wextra", "-Werror"]
-AMP_COPTS = ["-std=" + CXX_STD] + AMP_WARNINGS
+
+# The standard a target that includes amp (and LibTorch) needs on this line:
+# load("@amp//bazel:amp.bzl", "AMP_STD_COPTS") and copts = AMP_STD_COPTS.
+AMP_STD_COPTS = ["-std=" + CXX_STD]
+AMP_COPTS = AMP_STD_COPTS + AMP_WARNINGS
 
 def amp_cc_test(name, srcs, deps = [], size = "small", timeout = None, copts = [], **kw):
     native.cc_test(

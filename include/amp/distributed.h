@@ -278,10 +278,15 @@ class DataParallel : public GradientSync {
       TORCH_CHECK(pg_.backend() != Backend::kNccl, "amp: DataParallel: the model is on CPU but "
                   "ProcessGroupOptions::backend is kNccl (CUDA tensors only); move the model to pg.device() or "
                   "use Backend::kAuto or kGloo");
-      TORCH_CHECK(options_.compression() != GradCompression::kBf16 || detail::compat::kGlooHasBFloat16,
-                  "amp: DataParallelOptions::compression(kBf16) on CPU needs LibTorch >= ",
-                  detail::compat::kGlooBFloat16Since, " (this LibTorch's Gloo has no BFloat16); use "
-                  "GradCompression::kFp16 or kNone");
+      if (options_.compression() != GradCompression::kNone) {
+        const bool half = options_.compression() == GradCompression::kFp16;
+        TORCH_CHECK(pg_.gloo_takes(half ? at::kHalf : at::kBFloat16), "amp: DataParallelOptions::compression(",
+                    half ? "kFp16" : "kBf16", ") on CPU needs a Gloo that takes ", half ? "Half" : "BFloat16",
+                    ", and this LibTorch's does not (it is a build option: Debian's 1.13 lacks BFloat16, its "
+                    "2.14 both); use GradCompression::kNone", pg_.gloo_takes(half ? at::kBFloat16 : at::kHalf)
+                                                                  ? (half ? " or kBf16" : " or kFp16")
+                                                                  : "");
+      }
     }
     const std::vector<at::Tensor> bufs = options_.broadcast_buffers() ? buffers : std::vector<at::Tensor>{};
     detail::check_same_shapes(pg_, detail::shape_summary(params_, bufs), [this](size_t i) { return name(i); });

@@ -120,14 +120,6 @@ static_assert(kHasFusedAdamW == libtorch_at_least(2, 0) && kHasFusedSgd == libto
 // Releases between 2.6 and 2.14 are untested: amp takes the unfused step there.
 inline constexpr bool kCpuFusedSgdUpdatesHalfTypes = libtorch_at_least(2, 14);
 
-// --- Gloo (amp/distributed.h, detail/compat_c10d.h) ---
-// Gloo's all-reduce, broadcast and allgather take BFloat16 from some 2.x on
-// (pytorch#113557, late 2023). Measured: 1.13 rejects it ("Invalid scalar
-// type"), 2.6 takes it; the releases between are untested, so amp treats
-// them as 1.13. Float16 works on both (measured).
-inline constexpr bool kGlooHasBFloat16 = libtorch_at_least(2, 6);
-inline constexpr const char* kGlooBFloat16Since = "2.6";
-
 enum class FusedOp { kAdam, kAdamW, kSgd };
 
 // The operator's name for the dispatcher (overload "": the double-lr one).

@@ -53,22 +53,57 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace amp::detail::compat {
 
 inline constexpr bool kHasNccl = AMP_HAS_NCCL;
 
-// kGlooHasBFloat16 / kGlooBFloat16Since: compat.h (every version threshold lives there).
+// Which 16-bit dtypes Gloo takes is a property of the LibTorch build, not of
+// its version: ProcessGroupGloo rejects a dtype it was built without
+// ("Invalid scalar type"). Measured: 1.13 takes fp16, not bf16; Debian 13's
+// 2.6 takes both; Debian 14's 2.14 takes neither. init_process_group asks
+// (probe_gloo_dtypes); a dtype Gloo lacks travels as fp32.
+struct GlooDtypes {
+  bool half = false;
+  bool bfloat16 = false;
+  bool takes(c10::ScalarType dtype) const {
+    return dtype == c10::ScalarType::Half ? half : dtype == c10::ScalarType::BFloat16 ? bfloat16 : true;
+  }
+};
 
-// The dtype a CPU tensor of `dtype` travels in over this LibTorch's Gloo:
-// itself, or fp32 for bf16 where Gloo lacks it (exact for a broadcast: bf16
-// -> fp32 -> bf16 is lossless; an all-reduce then sums in fp32 and rounds
-// once, and every rank rounds the same sum).
-inline c10::ScalarType gloo_wire_dtype(c10::ScalarType dtype) {
-  return dtype == c10::ScalarType::BFloat16 && !kGlooHasBFloat16 ? c10::ScalarType::Float : dtype;
+// The dtype a CPU tensor of `dtype` travels in over Gloo: itself, or fp32
+// where Gloo lacks it (exact for a broadcast: 16-bit -> fp32 -> 16-bit is
+// lossless; an all-reduce then sums in fp32 and rounds once, and every rank
+// rounds the same sum).
+inline c10::ScalarType gloo_wire_dtype(c10::ScalarType dtype, const GlooDtypes& gloo) {
+  return gloo.takes(dtype) ? dtype : c10::ScalarType::Float;
+}
+
+// One 1-element all-reduce per 16-bit dtype, on every rank at the same point
+// (right after the group connects). Gloo rejects a dtype before it sends
+// anything, the same way on every rank, so a rejection leaves the group as it
+// was. Any other failure is rethrown.
+template <class Group>
+GlooDtypes probe_gloo_dtypes(Group& gloo, std::chrono::milliseconds timeout) {
+  auto takes = [&](c10::ScalarType dtype) {
+    std::vector<at::Tensor> v{at::zeros({1}, at::TensorOptions().dtype(dtype))};
+    try {
+      gloo.allreduce(v)->wait(timeout);
+      return true;
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find("Invalid scalar type") != std::string::npos) return false;
+      throw;
+    }
+  };
+  GlooDtypes d;
+  d.half = takes(c10::ScalarType::Half);
+  d.bfloat16 = takes(c10::ScalarType::BFloat16);
+  return d;
 }
 
 template <class O, class = void>

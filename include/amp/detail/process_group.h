@@ -114,15 +114,19 @@ struct NcclSlot {
 // its tensor's device: CUDA over NCCL, CPU over Gloo.
 class ProcessGroup {
  public:
+  // gloo_dtypes: the 16-bit dtypes this build's Gloo takes (init_process_group
+  // asks Gloo; the default sends every 16-bit CPU tensor as fp32).
   ProcessGroup(ProcessInfo info, c10::intrusive_ptr<c10d::Store> store,
                c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo, std::chrono::milliseconds timeout,
-               Backend backend = Backend::kGloo, c10::Device device = c10::Device(c10::kCPU))
+               Backend backend = Backend::kGloo, c10::Device device = c10::Device(c10::kCPU),
+               detail::compat::GlooDtypes gloo_dtypes = {})
       : info_(std::move(info)),
         store_(std::move(store)),
         gloo_(std::move(gloo)),
         timeout_(timeout),
         backend_(backend),
         device_(device),
+        gloo_dtypes_(gloo_dtypes),
         nccl_(std::make_shared<detail::NcclSlot>()) {}
 
   int rank() const { return info_.rank; }
@@ -167,10 +171,13 @@ class ProcessGroup {
   }
 #endif
 
-  // The dtype `t` travels in: its own, or fp32 for a bf16 CPU tensor where
-  // this LibTorch's Gloo has no bf16 (compat::gloo_wire_dtype).
+  // Whether this build's Gloo takes CPU tensors of `dtype` (16-bit ones vary).
+  bool gloo_takes(c10::ScalarType dtype) const { return gloo_dtypes_.takes(dtype); }
+
+  // The dtype `t` travels in: its own, or fp32 for a 16-bit CPU tensor where
+  // this build's Gloo lacks its dtype (compat::gloo_wire_dtype).
   c10::ScalarType wire_dtype(const at::Tensor& t) const {
-    return t.is_cuda() ? t.scalar_type() : detail::compat::gloo_wire_dtype(t.scalar_type());
+    return t.is_cuda() ? t.scalar_type() : detail::compat::gloo_wire_dtype(t.scalar_type(), gloo_dtypes_);
   }
 
   // Starts a sum all-reduce of `t` in place, over the backend of t's device;
@@ -254,6 +261,7 @@ class ProcessGroup {
   std::chrono::milliseconds timeout_;
   Backend backend_;
   c10::Device device_;
+  detail::compat::GlooDtypes gloo_dtypes_;
   std::shared_ptr<detail::NcclSlot> nccl_;
 };
 
@@ -324,7 +332,8 @@ inline ProcessGroup init_process_group(const ProcessInfo& info, const ProcessGro
     TORCH_CHECK(false, "amp: rank ", info.rank, " of ", info.world_size, " could not connect the Gloo group via ",
                 where, " within ", options.timeout().count(), " ms: ", msg);
   }
-  return ProcessGroup(info, std::move(store), std::move(gloo), options.timeout(), options.backend(), device);
+  const detail::compat::GlooDtypes dtypes = detail::compat::probe_gloo_dtypes(*gloo, options.timeout());
+  return ProcessGroup(info, std::move(store), std::move(gloo), options.timeout(), options.backend(), device, dtypes);
 }
 
 // The same from torchrun's environment variables (process_info_from_env()).
