@@ -406,7 +406,7 @@ int main(int argc, char** argv) {
 #endif
     } else if (g_case == "compress_fp16" || g_case == "compress_bf16") {
       compress(g_case == "compress_fp16" ? amp::GradCompression::kFp16 : amp::GradCompression::kBf16);
-    else if (g_case == "true_bf16") train_true<amp::bf16>(20);
+    } else if (g_case == "true_bf16") train_true<amp::bf16>(20);
     else if (g_case == "true_fp16") train_true<amp::fp16>(20);
     else if (g_case == "half_grads") half_grads();
     else if (g_case == "parity") parity();
