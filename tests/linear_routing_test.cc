@@ -210,6 +210,43 @@ TEST_F(LinearRoutingTest, SequentialAndUserModuleMatchAtLinear) {
   }
 }
 
+// The README's list of other modules. RNN cells call aten::*_cell with the
+// parameters themselves, as Python does: one cast without routing.
+TEST_F(LinearRoutingTest, RnnCellsCastTheirWeightsOnceWithoutRouting) {
+  torch::nn::RNNCell rnn(24, 16);
+  torch::nn::LSTMCell lstm(24, 16);
+  torch::nn::GRUCell gru(24, 16);
+  const torch::Tensor x = torch::randn({6, 24});
+  auto casts_of = [&](const torch::Tensor& w, auto&& cell) {
+    WeightCasts casts(w);
+    amp::Region<Bf16, amp::CPU> region(LinearRouting::kOff);
+    cell();
+    cell();
+    return WeightCasts::count;
+  };
+  EXPECT_EQ(casts_of(rnn->weight_ih, [&] { (void)rnn(x); }), 1);
+  EXPECT_EQ(casts_of(lstm->weight_ih, [&] { (void)lstm(x); }), 1);
+  EXPECT_EQ(casts_of(gru->weight_hh, [&] { (void)gru(x); }), 1);
+}
+
+// MultiheadAttention's packed in-projection (self-attention) and its
+// out-projection go through F::linear on the whole parameter: routed.
+TEST_F(LinearRoutingTest, MultiheadAttentionProjectionsAreRouted) {
+  torch::nn::MultiheadAttention mha(32, 4);
+  const torch::Tensor q = torch::randn({5, 2, 32});
+  for (const LinearRouting routing : {LinearRouting::kOn, LinearRouting::kOff}) {
+    for (const torch::Tensor& w : {mha->in_proj_weight, mha->out_proj->weight}) {
+      WeightCasts casts(w);
+      {
+        amp::Region<Bf16, amp::CPU> region(routing);
+        (void)mha(q, q, q);
+        (void)mha(q, q, q);
+      }
+      EXPECT_EQ(WeightCasts::count, routing == LinearRouting::kOn ? 1 : 2) << amp::to_string(routing);
+    }
+  }
+}
+
 // --- where routing is off -----------------------------------------------------------
 
 // Counts what reaches the LinearFn (the hook a later fp8 policy installs).
