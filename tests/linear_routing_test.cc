@@ -129,7 +129,8 @@ std::vector<torch::Tensor> grads(const std::vector<torch::Tensor>& ts) {
   return g;
 }
 
-void expect_same_bits(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b, const std::string& what) {
+void expect_same_bits(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b,
+                      const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_TRUE(a[i].defined() && b[i].defined()) << what << " #" << i;

@@ -6,7 +6,7 @@
 //   auto loss = d(real).mean() + d(fake).mean();   // d's weights cast to bf16 once, as in Python
 //   amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> off(amp::LinearRouting::kOff);  // LibTorch's own
 //
-// Why: torch::nn::functional::linear (1.13 to 2.14 alike) computes
+// Why: torch::nn::functional::linear (the same in 1.13's and 2.14's headers) computes
 // torch::addmm(bias, x, weight.t()) for 2-D input with a bias and
 // x.matmul(weight.t()) otherwise. Autocast caches its 16-bit copy only of a
 // leaf that requires grad; weight.t() is a view, so C++ casts the weight at
