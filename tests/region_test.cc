@@ -240,12 +240,23 @@ TEST_F(RegionTest, Bf16SameRegionInPlaceUpdateIsNotSeenByCachedCasts) {
     lin->weight.mul_(2);
   }
   EXPECT_TRUE(torch::equal(conv(img), c1));  // stale: the cached bf16 weight
-#if TORCH_VERSION_MAJOR < 2
-  // 1.13: Linear's weight reaches autocast as a transposed view (linear is not
-  // on the CPU list; matmul/addmm are), and views are never cached, so Linear
-  // re-casts every call and sees the update.
+  // Linear too: linear routing (amp/linear_routing.h) makes it cast its weight
+  // once per region, as Python does.
+  EXPECT_TRUE(torch::equal(lin(x), l1));
+}
+
+// Without linear routing, LibTorch's C++ Linear reaches autocast through
+// weight.t(), a view, which autocast never caches: it re-casts every call and
+// sees the update.
+TEST_F(RegionTest, Bf16WithoutLinearRoutingLinearRecastsItsWeight) {
+  torch::nn::Linear lin(torch::nn::LinearOptions(8, 3).bias(false));
+  Bf16Region region(amp::LinearRouting::kOff);
+  const torch::Tensor l1 = lin(x);
+  {
+    torch::NoGradGuard no_grad;
+    lin->weight.mul_(2);
+  }
   EXPECT_TRUE(torch::equal(lin(x), l1 * 2));
-#endif
 }
 
 TEST_F(RegionTest, Bf16ExceptionRestoresState) {

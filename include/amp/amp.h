@@ -20,6 +20,7 @@
 #include "amp/autocast.h"
 #include "amp/tf32.h"
 #include "amp/strict_casts.h"
+#include "amp/linear_routing.h"
 #include "amp/region.h"
 #include "amp/optim/fused.h"
 #include "amp/step.h"

@@ -27,6 +27,9 @@
 //  * At run time (amp/strict_casts.h), a Mixed region also catches raw
 //    x.to(torch::kHalf) / x.to(torch::kBFloat16) casts, which no type can see:
 //    Region(amp::StrictCasts::kThrow | kWarn | kOff), default kDefaultStrictCasts.
+//  * A Mixed region routes LibTorch's C++ linear layers to aten::linear, so
+//    each weight is cast once per region, as in Python (amp/linear_routing.h):
+//    Region(amp::LinearRouting::kOn | kOff), default kOn.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -41,6 +44,7 @@
 #include "amp/autocast.h"
 #include "amp/device.h"
 #include "amp/dtype.h"
+#include "amp/linear_routing.h"
 #include "amp/policy.h"
 #include "amp/strict_casts.h"
 #include "amp/tf32.h"
@@ -179,8 +183,15 @@ class Region {
 
   // strict_casts: what a raw manual cast to fp16/bf16 inside a Mixed region
   // does (amp/strict_casts.h); ignored by True<> regions, which do not autocast.
-  explicit Region(StrictCasts strict_casts = kDefaultStrictCasts)
-      : strict_mode_(strict_casts), strict_(strict_casts, device_type, compute_dtype) {}
+  // linear_routing: whether LibTorch's C++ linear layers cast each weight once
+  // per region, as Python's nn.Linear does (amp/linear_routing.h); ignored by
+  // True<> regions.
+  explicit Region(StrictCasts strict_casts = kDefaultStrictCasts, LinearRouting linear_routing = LinearRouting::kOn)
+      : strict_mode_(strict_casts),
+        strict_(strict_casts, device_type, compute_dtype),
+        routing_mode_(linear_routing),
+        routing_(linear_routing, device_type) {}
+  explicit Region(LinearRouting linear_routing) : Region(kDefaultStrictCasts, linear_routing) {}
   // User-provided on purpose: `amp::Region<amp::True<amp::fp64>, amp::CPU> region;`
   // around user code must not trip -Wunused-variable (an inert region would
   // otherwise be trivially destructible, which is what that warning looks for).
@@ -210,6 +221,9 @@ class Region {
   // The strict-casts mode this region was created with (kOff for True<> regions).
   StrictCasts strict_casts() const { return uses_autocast ? strict_mode_ : StrictCasts::kOff; }
 
+  // The linear routing this region was created with (kOff for True<> regions).
+  LinearRouting linear_routing() const { return uses_autocast ? routing_mode_ : LinearRouting::kOff; }
+
   // Nested autocast: in a Mixed<C, S> region, autocast<C>(f, args...) just calls
   // f (the region already autocasts to C); any other use is a compile error.
   template <class D, class F, class... Args>
@@ -230,6 +244,12 @@ class Region {
   using strict_type =
       std::conditional_t<uses_autocast && is_supported_v<Policy, Device>, detail::StrictCastsGuard, InertStrict>;
 
+  struct InertRouting {
+    InertRouting(LinearRouting, c10::DeviceType) {}
+  };
+  using routing_type =
+      std::conditional_t<uses_autocast && is_supported_v<Policy, Device>, detail::LinearRoutingGuard, InertRouting>;
+
   using tf32_type =
       std::conditional_t<std::is_same_v<Policy, True<tf32>> && std::is_same_v<Device, CUDA>, AllowTF32, Inert>;
 
@@ -238,6 +258,8 @@ class Region {
   StrictCasts strict_mode_;
   // After guard_: checking starts once autocast is on and stops before it is off.
   [[maybe_unused]] strict_type strict_;
+  LinearRouting routing_mode_;
+  [[maybe_unused]] routing_type routing_;
 };
 
 }  // namespace amp

@@ -37,6 +37,7 @@
 #include "amp/history.h"
 #include "amp/device.h"
 #include "amp/policy.h"
+#include "amp/linear_routing.h"
 #include "amp/region.h"
 #include "amp/scaler/dynamic_scaler.h"  // the built-in scalers a policy may name
 #include "amp/scaler/no_scaler.h"
@@ -55,6 +56,9 @@ struct TrainerOptions {
   // What a raw x.to(torch::kHalf / kBFloat16) in the forward of a Mixed policy
   // does (amp/strict_casts.h): kThrow, kWarn or kOff. Used by Trainer's region.
   TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
+  // Whether LibTorch's C++ linear layers cast each weight once per step's
+  // region, as Python's nn.Linear does (amp/linear_routing.h). Mixed policies only.
+  TORCH_ARG(LinearRouting, linear_routing) = LinearRouting::kOn;
 
   // The Stepper's options, spelled on TrainerOptions: .max_grad_norm(1.0).
  public:  // (TORCH_ARG leaves the section private)
@@ -301,7 +305,7 @@ class Trainer {
   at::Tensor forward(F& fn) {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the step function must take the region: [&](auto& region) { return loss; }");
-    region_type region(options_.strict_casts());
+    region_type region(options_.strict_casts(), options_.linear_routing());
     return fn(region);
   }
 

@@ -10,6 +10,10 @@
 //   trainer-bf16-mixed-sgd-clip-unfused  Trainer<Mixed<bf16, NoScaler>> + SGD (momentum, nesterov, weight
 //                           decay), max_grad_norm 1, vs autocast + clip_grad_norm_ + SGD(foreach=False)
 //   trainer-64-true-sgd-unfused  Trainer<True<fp64>> + SGD (momentum) vs model.to(float64) + SGD(foreach=False)
+//   gan-d-bf16-mixed-sgd-unfused  a GAN discriminator of torch::nn::Linear layers called twice per step (real
+//                           and fake half of the batch, hinge losses summed), Trainer<Mixed<bf16, NoScaler>>
+//                           + SGD vs nn.Linear under torch.autocast: needs linear routing (one weight cast
+//                           per region, as Python; amp/linear_routing.h)
 // Where the LibTorch has fused kernels for the device (CUDA; CPU from 2.4):
 //   recipe-16-mixed         amp::GradScaler + amp::Autocast<fp16> + SGD (momentum), by hand
 //                           vs torch.amp + SGD(foreach=False)
@@ -20,6 +24,7 @@
 //   trainer-16-mixed-sgd    + SGD (momentum, nesterov, weight decay) vs SGD(fused=True)
 //   trainer-bf16-true       Trainer<True<bf16>> + Adam (fused) vs model.to(bfloat16) + Adam(fused=True)
 //   trainer-64-true         Trainer<True<fp64>> + Adam (fused) vs model.to(float64) + Adam(fused=True)
+//   gan-d-bf16-mixed        the discriminator run above with Adam (fused) vs Adam(fused=True)
 // The GradScalers back off (fp16 overflow) and grow within the run.
 //
 // cuda: needs a CUDA device (exits 0 with "skipped" without one); run by
@@ -53,6 +58,18 @@ torch::nn::Sequential make_model(torch::Device device) {
   for (auto& p : m->parameters()) p.copy_(torch::randn(p.sizes()) * 0.05);
   m->to(device);
   return m;
+}
+
+// A discriminator: called on the real and on the fake half of a batch in one
+// step, so each weight is used twice per autocast region.
+torch::nn::Sequential make_discriminator(torch::Device device) {
+  torch::manual_seed(2);
+  auto d = torch::nn::Sequential(torch::nn::Linear(64, 256), torch::nn::ReLU(), torch::nn::Linear(256, 256),
+                                 torch::nn::ReLU(), torch::nn::Linear(256, 1));
+  torch::NoGradGuard no_grad;
+  for (auto& p : d->parameters()) p.copy_(torch::randn(p.sizes()) * 0.05);
+  d->to(device);
+  return d;
 }
 
 struct Data {
@@ -145,6 +162,27 @@ void trainer_run(Log& log, const Data& data, const std::string& name, const OptO
   log.save(*model);
 }
 
+// The discriminator's step: hinge losses on the real and fake halves, summed.
+template <class Dev, class Opt, class OptOptions>
+void gan_run(Log& log, const Data& data, const std::string& name, const OptOptions& opt_options,
+             amp::TrainerOptions options) {
+  log.run = name;
+  auto d = make_discriminator(data.device);
+  Opt opt(d->parameters(), opt_options);
+  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, Dev> trainer(d, opt, options.progress(false));
+  if (trainer.fused() != options.fused())
+    throw std::runtime_error("amp: parity: " + name + " takes " + trainer.optimizer_path() + ", not the " +
+                             (options.fused() ? "fused" : "unfused") + " path its Python twin runs");
+  for (int i = 0; i < kSteps; ++i) {
+    const torch::Tensor real = data.x[i].narrow(0, 0, 64), fake = data.x[i].narrow(0, 64, 64);
+    auto r = trainer.step([&](auto&) {
+      return torch::relu(torch::rsub(d->forward(real), 1)).mean() + torch::relu(torch::add(d->forward(fake), 1)).mean();
+    });
+    log.step(i, r.loss, 1.0);
+  }
+  log.save(*d);
+}
+
 // The runs on the fused path, and the GradScaler recipe.
 template <class Dev>
 void fused_runs(Log& log, const Data& data) {
@@ -166,6 +204,7 @@ void fused_runs(Log& log, const Data& data) {
                                                amp::TrainerOptions());
   trainer_run<amp::True<amp::fp64>, Dev, Adam>(log, data, "trainer-64-true", AdamOptions(1e-3),
                                                amp::TrainerOptions());
+  gan_run<Dev, Adam>(log, data, "gan-d-bf16-mixed", AdamOptions(1e-3), amp::TrainerOptions());
 }
 
 // kFused: the runs on the fused path (and the GradScaler recipe), where the
@@ -189,6 +228,8 @@ int run(const std::string& dir, torch::Device device) {
                               amp::TrainerOptions().fused(false).max_grad_norm(1.0));
   trainer_run<amp::True<amp::fp64>, Dev, SGD>(log, data, "trainer-64-true-sgd-unfused",
                                               SGDOptions(0.01).momentum(0.9), amp::TrainerOptions().fused(false));
+  gan_run<Dev, SGD>(log, data, "gan-d-bf16-mixed-sgd-unfused", SGDOptions(0.01).momentum(0.9),
+                    amp::TrainerOptions().fused(false));
   if constexpr (kFused) fused_runs<Dev>(log, data);
   std::cout << "parity: wrote " << dir << "/cpp_steps.txt\n";
   return 0;

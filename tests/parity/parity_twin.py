@@ -29,6 +29,7 @@ class Run(NamedTuple):
     make_opt: Callable
     max_norm: Optional[float]  # clip_grad_norm_ after unscale_, or None
     fused: bool  # run only where the LibTorch has fused kernels for the device
+    gan: bool = False  # the discriminator, called on a real and a fake half per step (parity.cc's gan_run)
 
 
 def sgd(**kw):
@@ -46,6 +47,9 @@ RUNS = {
         1.0, False),
     "trainer-64-true-sgd-unfused": Run(torch.float64, True, None, sgd(lr=0.01, momentum=0.9, foreach=False), None,
                                        False),
+    # nn.Linear under autocast casts each weight once per step; C++ matches with amp's linear routing.
+    "gan-d-bf16-mixed-sgd-unfused": Run(torch.bfloat16, False, None, sgd(lr=0.01, momentum=0.9, foreach=False),
+                                        None, False, gan=True),
     # The fused path.
     "recipe-16-mixed": Run(torch.float16, False, 65536.0, sgd(lr=0.05, momentum=0.9, foreach=False), None, True),
     "trainer-16-mixed": Run(torch.float16, False, 65536.0, adam(), None, True),
@@ -58,6 +62,7 @@ RUNS = {
         None, True),
     "trainer-bf16-true": Run(torch.bfloat16, True, None, adam(), None, True),
     "trainer-64-true": Run(torch.float64, True, None, adam(), None, True),
+    "gan-d-bf16-mixed": Run(torch.bfloat16, False, None, adam(), None, True, gan=True),
 }
 
 
@@ -80,6 +85,16 @@ def make_model(device):
     return m.to(device)
 
 
+def make_discriminator(device):  # as parity.cc's make_discriminator
+    torch.manual_seed(2)
+    d = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                            torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    with torch.no_grad():
+        for p in d.parameters():
+            p.copy_(torch.randn(p.shape) * 0.05)
+    return d.to(device)
+
+
 def data(device):
     torch.manual_seed(1)
     x = (torch.randn(STEPS, 128, 64) * 4).to(device)
@@ -89,7 +104,10 @@ def data(device):
 
 def run(name, device, x, y):
     r = RUNS[name]
-    model = make_model(device).to(r.dtype) if r.true else make_model(device)
+    if r.gan:
+        model = make_discriminator(device)
+    else:
+        model = make_model(device).to(r.dtype) if r.true else make_model(device)
     opt = r.make_opt(model.parameters())
     # No GradScaler at all when unscaled: torch 1.13 has no torch.amp.GradScaler.
     scaler = None if r.init_scale is None else torch.amp.GradScaler(device, init_scale=r.init_scale, growth_interval=20)
@@ -99,7 +117,11 @@ def run(name, device, x, y):
     rows = []
     for i in range(STEPS):
         opt.zero_grad()
-        if r.true:
+        if r.gan:
+            with torch.autocast(device, dtype=r.dtype):
+                real, fake = model(x[i][:64]), model(x[i][64:])
+                loss = torch.relu(torch.rsub(real, 1)).mean() + torch.relu(torch.add(fake, 1)).mean()
+        elif r.true:
             loss = torch.nn.functional.cross_entropy(model(x[i].to(r.dtype)), y[i])
         else:
             with torch.autocast(device, dtype=r.dtype):

@@ -1,0 +1,203 @@
+// amp/linear_routing.h: linear routing — inside a Mixed region, LibTorch's C++
+// linear layers reach aten::linear, as Python's nn.Linear does, so autocast
+// casts each weight once per region instead of once per call.
+//
+//   amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> region;    // routing on (the default)
+//   auto loss = d(real).mean() + d(fake).mean();   // d's weights cast to bf16 once, as in Python
+//   amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> off(amp::LinearRouting::kOff);  // LibTorch's own
+//
+// Why: torch::nn::functional::linear (the same in 1.13's and 2.14's headers) computes
+// torch::addmm(bias, x, weight.t()) for 2-D input with a bias and
+// x.matmul(weight.t()) otherwise. Autocast caches its 16-bit copy only of a
+// leaf that requires grad; weight.t() is a view, so C++ casts the weight at
+// every call, where Python's aten::linear casts the weight itself, once per
+// autocast region. A module called twice per step then sums its weight
+// gradients in fp32 in C++ and in 16 bits in Python: other bits from step 1.
+//
+// How: while a routing region lives, a TLS-included dispatch key
+// (TESTING_ONLY_GenericWrapper, above Autograd and Autocast) has kernels for
+// aten::addmm, aten::matmul and aten::linear, and a fallthrough for every
+// other op (which therefore costs nothing). addmm(b, x, w.t()) (2-D x,
+// beta = alpha = 1) and matmul(x, w.t()), where w.t() is exactly the
+// transpose of a 2-D leaf that requires grad, become one linear(x, w[, b]);
+// every linear on such a weight then runs the thread's LinearFn
+// (detail::set_linear_fn; at::linear by default, which is what Python runs
+// and bitwise what the unrouted addmm/matmul compute for one call). Only the
+// ops user code calls itself are seen (the key is excluded while a kernel
+// runs); nothing is routed inside autocast's kernels, where autocast is off
+// (full_precision), or inside backward. README "Linear routing" has the
+// coverage (Bilinear, RNN cells, MultiheadAttention) and what stays different.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/linear_ops.h>
+#include <ATen/ops/matmul_ops.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/DispatchKey.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/Scalar.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Optional.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+#include "amp/detail/compat_ops.h"
+
+namespace amp {
+
+// Whether a Mixed region routes LibTorch's C++ linear layers to aten::linear.
+enum class LinearRouting : std::uint8_t {
+  kOff,  // LibTorch's own ops: a weight is cast at each call
+  kOn,   // one aten::linear per layer call: a weight is cast once per region, as in Python
+};
+
+inline const char* to_string(LinearRouting mode) { return mode == LinearRouting::kOn ? "on" : "off"; }
+
+namespace detail {
+
+inline constexpr c10::DispatchKey kLinearRoutingKey = c10::DispatchKey::TESTING_ONLY_GenericWrapper;
+
+// What a routed linear runs: input, the weight parameter itself (not its
+// transpose), and the bias (nullopt or undefined: none). Null: at::linear.
+// A later feature (fp8 linears) installs its own, for the weights it knows.
+using LinearFn = at::Tensor (*)(const at::Tensor& input, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias);
+
+struct LinearRoutingState {
+  bool on = false;
+  c10::DeviceType device = c10::DeviceType::CPU;
+  LinearFn fn = nullptr;
+};
+
+inline LinearRoutingState& linear_routing_state() {
+  static thread_local LinearRoutingState state;
+  return state;
+}
+
+// This thread's LinearFn (null: at::linear); returns the previous one.
+inline LinearFn set_linear_fn(LinearFn fn) {
+  LinearFn prev = linear_routing_state().fn;
+  linear_routing_state().fn = fn;
+  return prev;
+}
+
+// The weight w if t is exactly w.t() for a 2-D leaf w that requires grad (a
+// parameter: what autocast caches), else an undefined tensor.
+inline at::Tensor transposed_leaf(const at::Tensor& t) {
+  if (!t.defined() || t.dim() != 2 || !t.is_view()) return {};
+  const at::TensorBase& w = t._base();
+  if (w.dim() != 2 || !w.requires_grad() || !w.is_leaf() || w.is_view()) return {};
+  if (t.sizes()[0] != w.sizes()[1] || t.sizes()[1] != w.sizes()[0] || t.strides()[0] != w.strides()[1] ||
+      t.strides()[1] != w.strides()[0] || t.storage_offset() != w.storage_offset()) {
+    return {};
+  }
+  return at::Tensor(w);
+}
+
+// Whether a linear on `weight` is routed now: a routing region, the region's
+// device, autocast on for it (not inside autocast's own kernels or a
+// full_precision island), not inside backward.
+inline bool routes(const LinearRoutingState& s, const at::Tensor& weight) {
+  return s.on && weight.device().type() == s.device && !compat::autocast_dispatch_excluded(s.device) &&
+         !compat::inside_autograd_backward();
+}
+
+inline bool is_one(const c10::Scalar& s) { return !s.isComplex() && s.toDouble() == 1.0; }
+
+inline at::Tensor run_linear(const LinearRoutingState& s, const at::Tensor& input, const at::Tensor& weight,
+                             const c10::optional<at::Tensor>& bias) {
+  return s.fn ? s.fn(input, weight, bias) : at::_ops::linear::call(input, weight, bias);
+}
+
+inline c10::DispatchKeySet below_routing(c10::DispatchKeySet keys) {
+  return keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kLinearRoutingKey);
+}
+
+// The kernels on kLinearRoutingKey. Each runs with the key excluded, so the
+// ops it calls in turn are never routed.
+inline at::Tensor routed_addmm(c10::DispatchKeySet keys, const at::Tensor& self, const at::Tensor& mat1,
+                               const at::Tensor& mat2, const c10::Scalar& beta, const c10::Scalar& alpha) {
+  c10::impl::ExcludeDispatchKeyGuard nested(kLinearRoutingKey);
+  const LinearRoutingState& s = linear_routing_state();
+  if (s.on && mat1.dim() == 2 && is_one(beta) && is_one(alpha)) {
+    const at::Tensor w = transposed_leaf(mat2);
+    if (w.defined() && routes(s, w)) return run_linear(s, mat1, w, self);
+  }
+  return at::_ops::addmm::redispatch(below_routing(keys), self, mat1, mat2, beta, alpha);
+}
+
+inline at::Tensor routed_matmul(c10::DispatchKeySet keys, const at::Tensor& self, const at::Tensor& other) {
+  c10::impl::ExcludeDispatchKeyGuard nested(kLinearRoutingKey);
+  const LinearRoutingState& s = linear_routing_state();
+  if (s.on) {
+    const at::Tensor w = transposed_leaf(other);
+    if (w.defined() && routes(s, w)) return run_linear(s, self, w, c10::nullopt);
+  }
+  return at::_ops::matmul::redispatch(below_routing(keys), self, other);
+}
+
+inline at::Tensor routed_linear(c10::DispatchKeySet keys, const at::Tensor& input, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias) {
+  c10::impl::ExcludeDispatchKeyGuard nested(kLinearRoutingKey);
+  const LinearRoutingState& s = linear_routing_state();
+  if (s.on && s.fn && routes(s, weight)) return s.fn(input, weight, bias);
+  return at::_ops::linear::redispatch(below_routing(keys), input, weight, bias);
+}
+
+// Registers the kernels and the fallthrough once per process.
+inline void register_linear_routing_kernels() {
+  static const bool registered = [] {
+    TORCH_CHECK(!c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(kLinearRoutingKey),
+                "amp: linear routing needs the dispatch key TESTING_ONLY_GenericWrapper, but this program already "
+                "registered a fallback for it; turn linear routing off (amp::LinearRouting::kOff)");
+    static torch::Library fallthrough(torch::Library::IMPL, "_", kLinearRoutingKey, __FILE__, __LINE__);
+    fallthrough.fallback(torch::CppFunction::makeFallthrough());
+    static torch::Library kernels(torch::Library::IMPL, "aten", kLinearRoutingKey, __FILE__, __LINE__);
+    kernels.impl("addmm", TORCH_FN(routed_addmm));
+    kernels.impl("matmul", TORCH_FN(routed_matmul));
+    kernels.impl("linear", TORCH_FN(routed_linear));
+    return true;
+  }();
+  (void)registered;
+}
+
+// RAII: this thread's linears are routed (kOn) or not (kOff) on `device`
+// until the guard dies; the enclosing state comes back after.
+class LinearRoutingGuard {
+ public:
+  LinearRoutingGuard(LinearRouting mode, c10::DeviceType device)
+      : prev_(linear_routing_state()), prev_included_(c10::impl::tls_is_dispatch_key_included(kLinearRoutingKey)) {
+    const bool on = mode == LinearRouting::kOn;
+    if (on) register_linear_routing_kernels();
+    LinearRoutingState& s = linear_routing_state();
+    s.on = on;
+    s.device = device;
+    c10::impl::tls_set_dispatch_key_included(kLinearRoutingKey, on);
+  }
+  ~LinearRoutingGuard() {
+    c10::impl::tls_set_dispatch_key_included(kLinearRoutingKey, prev_included_);
+    linear_routing_state().on = prev_.on;
+    linear_routing_state().device = prev_.device;
+  }
+  LinearRoutingGuard(const LinearRoutingGuard&) = delete;
+  LinearRoutingGuard& operator=(const LinearRoutingGuard&) = delete;
+  LinearRoutingGuard(LinearRoutingGuard&&) = delete;
+  LinearRoutingGuard& operator=(LinearRoutingGuard&&) = delete;
+
+ private:
+  LinearRoutingState prev_;
+  bool prev_included_;
+};
+
+}  // namespace detail
+
+// Whether this thread's linears are routed now.
+inline LinearRouting current_linear_routing() {
+  return detail::linear_routing_state().on ? LinearRouting::kOn : LinearRouting::kOff;
+}
+
+}  // namespace amp
