@@ -29,6 +29,7 @@
 
 #include "amp/capture.h"
 #include "amp/checkpoint.h"
+#include "amp/detail/evaluation.h"
 #include "amp/detail/model_setup.h"
 #include "amp/detail/progress.h"
 #include "amp/history.h"
@@ -119,6 +120,14 @@ class Trainer {
     }
     at::Tensor loss = forward(fn);
     return stepper_.step(loss);
+  }
+
+  // fn(region) for evaluation: under the policy's region, without autograd,
+  // the model in eval mode (each submodule's own mode back afterwards).
+  // Returns what fn returns:  auto acc = trainer.evaluate([&](auto&) { return accuracy(model, x, y); });
+  template <class F>
+  decltype(auto) evaluate(F&& fn) {
+    return detail::evaluate<region_type>({module_.get()}, options_.strict_casts(), fn);
   }
 
   // Epochs over `loader` (a LibTorch DataLoader or any range of batches):
