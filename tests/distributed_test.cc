@@ -11,11 +11,13 @@
 #include <iostream>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "amp/detail/compat.h"
 #include "amp/detail/compat_c10d.h"
 #include "amp/distributed.h"
+#include "amp/precision.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/trainer.h"
 #include "amp/version.h"
@@ -252,6 +254,63 @@ void inf_one_rank() {
   std::cout << "PASS " << g_case << " scale " << scale0 << " -> " << scale << std::endl;
 }
 
+// Precision with two models and one DataParallel over both: every rank ends
+// bit-identical; with loss scaling (fp16 on CPU, LibTorch >= 2.3) an inf in
+// D's loss on the last rank skips D on every rank, G steps everywhere, and
+// the scale backs off once.
+template <class Policy>
+void precision_two_models() {
+  auto pg = init();
+  torch::manual_seed(static_cast<uint64_t>(pg.rank()));  // different weights: the broadcast fixes them
+  auto gen = make_net(), disc = make_net(8);              // G: 16 -> 4; D: 16 -> 4, summed
+  torch::optim::AdamW opt_g(gen->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::Adam opt_d(disc->parameters(), torch::optim::AdamOptions(1e-2));
+  constexpr bool scaled = amp::policy_traits<Policy>::uses_loss_scaling;
+  auto scaler = [] {  // a low scale: fp16 at 65536 overflows by itself on its first steps
+    if constexpr (scaled) return amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(256.0));
+    else return amp::NoScaler();
+  }();
+  amp::Precision<Policy, amp::CPU> prec(amp::PrecisionOptions(), std::move(scaler));
+  prec.setup(gen, opt_g);
+  prec.setup(disc, opt_d);
+  amp::DataParallel dp(pg, prec.parameters(), prec.buffers(), amp::DataParallelOptions(), prec.parameter_names());
+  prec.set_gradient_sync(&dp);
+  double scale_before = 0;
+  for (int64_t s = 0; s < 6; ++s) {
+    auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
+    const bool poison = scaled && s == 3 && pg.rank() == pg.world_size() - 1;
+    const auto d0 = disc->parameters().front().detach().clone(), g0 = gen->parameters().front().detach().clone();
+    if (s == 3) scale_before = prec.scaler().get_scale();
+    opt_d.zero_grad();
+    auto loss_d = prec.forward([&](auto&) { return (disc->forward(x) - disc->forward(gen->forward(x).detach())).pow(2).mean(); });
+    prec.backward(poison ? loss_d * std::numeric_limits<float>::infinity() : loss_d);
+    prec.step(opt_d);
+    opt_g.zero_grad();
+    prec.backward(prec.forward([&](auto&) { return (disc->forward(gen->forward(x)) - y).pow(2).mean(); }));
+    prec.step(opt_g);
+    prec.update();
+    if (scaled && s == 3) {
+      check(torch::equal(d0, disc->parameters().front()), "D stepped despite the inf on the last rank");
+      check(!torch::equal(g0, gen->parameters().front()), "G did not step");
+      check(prec.scaler().get_scale() == scale_before * 0.5, "the scale did not back off once");
+    }
+  }
+  std::vector<torch::Tensor> bits;
+  for (const auto& p : prec.parameters()) bits.push_back(p.detach().reshape({-1}));
+  bits.push_back(torch::full({1}, prec.scaler().get_scale(), torch::kFloat));
+  auto all = pg.allgather(torch::cat(bits), "test gather");
+  for (size_t r = 1; r < all.size(); ++r) check(torch::equal(all[0], all[r]), "ranks differ");
+  std::cout << "PASS " << g_case << " " << prec.precision << (scaled ? " with an inf on one rank" : "") << std::endl;
+}
+
+void precision() {
+  if constexpr (amp::is_supported_v<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CPU>) {
+    precision_two_models<amp::Mixed<amp::fp16, amp::DynamicScaler>>();
+  } else {
+    precision_two_models<amp::Mixed<amp::bf16, amp::NoScaler>>();
+  }
+}
+
 // Accumulation: no all-reduce on non-boundary micro-batches, one per bucket at the boundary.
 void accumulate() {
   auto pg = init();
@@ -412,6 +471,7 @@ int main(int argc, char** argv) {
     else if (g_case == "parity") parity();
     else if (g_case == "inf") inf_one_rank();
     else if (g_case == "accumulate") accumulate();
+    else if (g_case == "precision") precision();
     else if (g_case == "mismatch") mismatch();
     else if (g_case == "fit") fit_shards();
     else if (g_case == "train" && a.size() == 3) train_and_die(a[1], std::stoll(a[2]), "", -1);

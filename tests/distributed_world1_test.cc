@@ -9,6 +9,8 @@
 //     a GPU or without NCCL in the build (AMP_HAS_NCCL, detail/compat_c10d.h);
 //     runs through CMake on a CUDA machine with the pip wheel's LibTorch
 //     (tools/gpu/check.sh). Not run so far: no GPU.
+//   * Precision (two models, two optimizers) with one DataParallel over
+//     all its models' parameters: the same, bit for bit.
 //   * The backend choice's amp: errors that a machine can reach.
 //
 // The NCCL path compiles without a GPU; the syntax check, against LibTorch
@@ -35,6 +37,7 @@
 
 #include "amp/detail/compat_c10d.h"
 #include "amp/distributed.h"
+#include "amp/precision.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/trainer.h"
 
@@ -142,6 +145,50 @@ TEST(WorldOfOne, CpuMixedBf16EqualsPlainTrainerBitwise) { cpu_world_of_one<amp::
 
 // bf16 gradients: on LibTorch 1.13 an fp32 copy travels (Gloo has no bf16).
 TEST(WorldOfOne, CpuTrueBf16EqualsPlainTrainerBitwise) { cpu_world_of_one<amp::True<amp::bf16>>(); }
+
+// A small GAN under Precision<bf16-mixed>: D's loss, D's step, G's loss,
+// G's step, one update; with DataParallel over both models when pg is given.
+std::vector<torch::Tensor> train_gan(const amp::ProcessGroup* pg, int64_t iterations, int64_t* allreduces) {
+  torch::manual_seed(0);
+  auto gen = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 4));
+  auto disc = torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
+  torch::optim::Adam opt_g(gen->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::SGD opt_d(disc->parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9));
+  amp::Precision<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> prec;
+  prec.setup(gen, opt_g);
+  prec.setup(disc, opt_d, amp::SetupOptions().max_grad_norm(1.0));
+  std::optional<amp::DataParallel> dp;
+  if (pg != nullptr) {
+    dp.emplace(*pg, prec.parameters(), prec.buffers(), amp::DataParallelOptions(), prec.parameter_names());
+    prec.set_gradient_sync(&*dp);
+  }
+  for (int64_t i = 0; i < iterations; ++i) {
+    torch::manual_seed(100 + static_cast<uint64_t>(i));
+    const auto z = torch::randn({32, 8}), real = torch::randn({32, 4}) + 1;
+    opt_d.zero_grad();
+    prec.backward(prec.forward([&](auto&) {
+      return torch::softplus(-disc->forward(real)).mean() + torch::softplus(disc->forward(gen->forward(z).detach())).mean();
+    }));
+    prec.step(opt_d);
+    opt_g.zero_grad();
+    prec.backward(prec.forward([&](auto&) { return torch::softplus(-disc->forward(gen->forward(z))).mean(); }));
+    prec.step(opt_g);
+    prec.update();
+  }
+  if (dp) *allreduces = dp->allreduces();
+  return prec.parameters();
+}
+
+TEST(WorldOfOne, CpuPrecisionOfTwoModelsEqualsPlainPrecisionBitwise) {
+  set_world_of_one_env();
+  amp::ProcessGroup pg = amp::init_process_group(options(amp::Backend::kAuto));
+  int64_t allreduces = 0;
+  const auto with = train_gan(&pg, 6, &allreduces);
+  const auto without = train_gan(nullptr, 6, nullptr);
+  ASSERT_EQ(with.size(), without.size());
+  for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(torch::equal(with[i], without[i])) << "parameter " << i;
+  EXPECT_GE(allreduces, 12);  // every backward: 2 per iteration, at least one bucket each
+}
 
 TEST(WorldOfOne, CpuKeepsTheDeviceOnCpuUnderGloo) {
   set_world_of_one_env();

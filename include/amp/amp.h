@@ -28,3 +28,4 @@
 #include "amp/history.h"
 #include "amp/capture.h"
 #include "amp/trainer.h"
+#include "amp/precision.h"

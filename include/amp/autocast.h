@@ -1,5 +1,6 @@
 // amp/autocast.h: Autocast<Dtype, Device> and AutocastDisabled<Device>, RAII
-// guards over LibTorch's autocast state (the C++ form of `with torch.autocast(...)`).
+// guards over LibTorch's autocast state (the C++ form of `with torch.autocast(...)`),
+// and autocast<Dtype, Device>(fn), the same guard around one call.
 //
 //   {
 //     amp::Autocast<amp::bf16, amp::CPU> autocast;   // with torch.autocast("cpu", torch.bfloat16):
@@ -32,6 +33,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <optional>
+#include <type_traits>
 
 #include "amp/detail/compat_ops.h"
 #include "amp/device.h"
@@ -138,6 +140,17 @@ class Autocast {
   detail::AutocastState state_;
   bool enabled_;
 };
+
+// The function form: fn() under Autocast<Dtype, Device>, returning what fn
+// returns (the autocast state comes back when fn returns or throws).
+//
+//   auto logits = amp::autocast<amp::bf16, amp::CPU>([&] { return model->forward(x); });
+template <class Dtype, class Device, class F>
+decltype(auto) autocast(F&& fn) {
+  static_assert(std::is_invocable_v<F&>, "amp: autocast<Dtype, Device>(fn) calls fn(); pass [&] { return model(x); }");
+  Autocast<Dtype, Device> guard;
+  return fn();
+}
 
 // AutocastDisabled<Device>: torch.autocast(device, enabled=False) — ops on
 // Device run in their own dtypes for the guard's lifetime (an fp32 island

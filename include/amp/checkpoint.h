@@ -8,7 +8,9 @@
 // (the policy's name), "amp/step", "amp/epoch", "amp/batch_in_epoch" (ints),
 // and the sub-archives "model", "optimizer" (LibTorch's own formats) and
 // "scaler" (the scaler's state_dict entries, torch's keys). Trainer::save and
-// Trainer::load use these; load() rolls back on any failure.
+// Trainer::load use these; load() rolls back on any failure. Several models
+// and optimizers (Precision::save) instead have "amp/models" and
+// "amp/optimizers" (their counts) and "model_<i>", "optimizer_<i>" in setup order.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -18,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "amp/detail/atomic_file.h"
 #include "amp/scaler/detail/state_dict.h"
@@ -35,23 +38,58 @@ namespace detail {
 
 inline constexpr int64_t kCheckpointFormat = 1;
 
-template <class Scaler>
-torch::serialize::OutputArchive checkpoint_archive(const std::string& precision, const CheckpointCounters& counters,
-                                                   const torch::nn::Module& module,
-                                                   const torch::optim::Optimizer& optimizer, const Scaler& scaler) {
-  torch::serialize::OutputArchive archive;
+inline void write_header(torch::serialize::OutputArchive& archive, const std::string& precision,
+                         const CheckpointCounters& counters) {
   archive.write("amp/format", c10::IValue(kCheckpointFormat));
   archive.write("amp/precision", c10::IValue(precision));
   archive.write("amp/step", c10::IValue(counters.step));
   archive.write("amp/epoch", c10::IValue(counters.epoch));
   archive.write("amp/batch_in_epoch", c10::IValue(counters.batch_in_epoch));
-  torch::serialize::OutputArchive model, optim, scaler_archive;
+}
+
+template <class Scaler>
+void write_scaler(torch::serialize::OutputArchive& archive, const Scaler& scaler) {
+  torch::serialize::OutputArchive scaler_archive;
+  for (const auto& kv : scaler.state_dict()) scaler_archive.write(kv.key(), kv.value());
+  archive.write("scaler", scaler_archive);
+}
+
+template <class Scaler>
+torch::serialize::OutputArchive checkpoint_archive(const std::string& precision, const CheckpointCounters& counters,
+                                                   const torch::nn::Module& module,
+                                                   const torch::optim::Optimizer& optimizer, const Scaler& scaler) {
+  torch::serialize::OutputArchive archive;
+  write_header(archive, precision, counters);
+  torch::serialize::OutputArchive model, optim;
   module.save(model);
   optimizer.save(optim);
-  for (const auto& kv : scaler.state_dict()) scaler_archive.write(kv.key(), kv.value());
   archive.write("model", model);
   archive.write("optimizer", optim);
-  archive.write("scaler", scaler_archive);
+  write_scaler(archive, scaler);
+  return archive;
+}
+
+// Several models and optimizers, in the order given.
+template <class Scaler>
+torch::serialize::OutputArchive checkpoint_archive(const std::string& precision, const CheckpointCounters& counters,
+                                                   const std::vector<const torch::nn::Module*>& modules,
+                                                   const std::vector<const torch::optim::Optimizer*>& optimizers,
+                                                   const Scaler& scaler) {
+  torch::serialize::OutputArchive archive;
+  write_header(archive, precision, counters);
+  archive.write("amp/models", c10::IValue(static_cast<int64_t>(modules.size())));
+  archive.write("amp/optimizers", c10::IValue(static_cast<int64_t>(optimizers.size())));
+  for (size_t i = 0; i < modules.size(); ++i) {
+    torch::serialize::OutputArchive model;
+    modules[i]->save(model);
+    archive.write("model_" + std::to_string(i), model);
+  }
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    torch::serialize::OutputArchive optim;
+    optimizers[i]->save(optim);
+    archive.write("optimizer_" + std::to_string(i), optim);
+  }
+  write_scaler(archive, scaler);
   return archive;
 }
 
@@ -64,36 +102,32 @@ void write_checkpoint(const std::string& path, const std::string& precision, con
 }
 
 // Reads `path` and checks that amp wrote it, in this format, under `precision`.
+// `who` names the loader in errors ("Trainer").
 inline torch::serialize::InputArchive open_checkpoint(const std::string& path, const c10::Device& device,
-                                                      const std::string& precision) {
+                                                      const std::string& precision, const char* who = "Trainer") {
   torch::serialize::InputArchive archive;
   try {
     archive.load_from(path, device);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "amp: could not read checkpoint '", path,
-                "' (missing, truncated or not a checkpoint written by amp::Trainer::save): ", e.what_without_backtrace());
+                "' (missing, truncated or not a checkpoint written by amp::", who, "::save): ", e.what_without_backtrace());
   }
   c10::IValue format, name;
   TORCH_CHECK(archive.try_read("amp/format", format) && archive.try_read("amp/precision", name), "amp: '", path,
-              "' is not a checkpoint written by amp::Trainer::save (no amp/format entry)");
+              "' is not a checkpoint written by amp::", who, "::save (no amp/format entry)");
   TORCH_CHECK(format.isInt() && format.toInt() == kCheckpointFormat, "amp: checkpoint '", path, "' has format ", format,
               ", this amp reads format ", kCheckpointFormat);
   TORCH_CHECK(name.isString() && name.toStringRef() == precision, "amp: checkpoint '", path,
               "' was saved under precision \"", name.isString() ? name.toStringRef() : std::string("?"),
-              "\" but this Trainer's policy is \"", precision,
-              "\"; load it into a Trainer of that policy (see amp::dispatch_precision), or start from the model "
+              "\" but this ", who, "'s policy is \"", precision,
+              "\"; load it into a ", who, " of that policy (see amp::dispatch_precision), or start from the model "
               "weights alone with torch::load");
   return archive;
 }
 
-// Loads model, optimizer and scaler from `archive`; returns its counters.
-// Throws on a mismatch, possibly after loading part of it: callers roll back.
 template <class Scaler>
-CheckpointCounters apply_checkpoint(torch::serialize::InputArchive& archive, torch::nn::Module& module,
-                                    torch::optim::Optimizer& optimizer, Scaler& scaler) {
-  torch::serialize::InputArchive model, optim, scaler_archive;
-  archive.read("model", model);
-  archive.read("optimizer", optim);
+CheckpointCounters apply_scaler_and_counters(torch::serialize::InputArchive& archive, Scaler& scaler) {
+  torch::serialize::InputArchive scaler_archive;
   archive.read("scaler", scaler_archive);
   c10::IValue step, epoch, batch;
   archive.read("amp/step", step);
@@ -105,13 +139,55 @@ CheckpointCounters apply_checkpoint(torch::serialize::InputArchive& archive, tor
     scaler_archive.read(key, v);
     state.insert(key, v);
   }
-  module.load(model);
+  scaler.load_state_dict(state);
+  return CheckpointCounters{step.toInt(), epoch.toInt(), batch.toInt()};
+}
+
+inline void load_optimizer(torch::serialize::InputArchive& archive, torch::optim::Optimizer& optimizer) {
   // LibTorch's optimizer.load() keeps entries the archive lacks (a parameter
   // that had no state when saved would keep the state it has now): start empty.
   optimizer.state().clear();
-  optimizer.load(optim);
-  scaler.load_state_dict(state);
-  return CheckpointCounters{step.toInt(), epoch.toInt(), batch.toInt()};
+  optimizer.load(archive);
+}
+
+// Loads model, optimizer and scaler from `archive`; returns its counters.
+// Throws on a mismatch, possibly after loading part of it: callers roll back.
+template <class Scaler>
+CheckpointCounters apply_checkpoint(torch::serialize::InputArchive& archive, torch::nn::Module& module,
+                                    torch::optim::Optimizer& optimizer, Scaler& scaler) {
+  torch::serialize::InputArchive model, optim;
+  archive.read("model", model);
+  archive.read("optimizer", optim);
+  module.load(model);
+  load_optimizer(optim, optimizer);
+  return apply_scaler_and_counters(archive, scaler);
+}
+
+// The same for several models and optimizers; a checkpoint of another count
+// (or a single-model one) is refused before anything is loaded.
+template <class Scaler>
+CheckpointCounters apply_checkpoint(torch::serialize::InputArchive& archive,
+                                    const std::vector<torch::nn::Module*>& modules,
+                                    const std::vector<torch::optim::Optimizer*>& optimizers, Scaler& scaler) {
+  c10::IValue n_models, n_optimizers;
+  TORCH_CHECK(archive.try_read("amp/models", n_models) && archive.try_read("amp/optimizers", n_optimizers),
+              "amp: the checkpoint holds one model and optimizer (amp::Trainer::save); load it with amp::Trainer");
+  TORCH_CHECK(n_models.toInt() == static_cast<int64_t>(modules.size()) &&
+                  n_optimizers.toInt() == static_cast<int64_t>(optimizers.size()),
+              "amp: the checkpoint holds ", n_models.toInt(), " models and ", n_optimizers.toInt(),
+              " optimizers, but ", modules.size(), " models and ", optimizers.size(),
+              " optimizers are set up; set up the same ones, in the same order, before load()");
+  for (size_t i = 0; i < modules.size(); ++i) {
+    torch::serialize::InputArchive model;
+    archive.read("model_" + std::to_string(i), model);
+    modules[i]->load(model);
+  }
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    torch::serialize::InputArchive optim;
+    archive.read("optimizer_" + std::to_string(i), optim);
+    load_optimizer(optim, *optimizers[i]);
+  }
+  return apply_scaler_and_counters(archive, scaler);
 }
 
 }  // namespace detail

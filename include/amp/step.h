@@ -15,15 +15,13 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
-#include <cmath>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "amp/optim/fused.h"
+#include "amp/optim/optimizer_step.h"
 #include "amp/scaler/scaler_traits.h"
 
 namespace amp {
@@ -65,39 +63,6 @@ inline void validate(const StepperOptions& o) {
   TORCH_CHECK(o.accumulation_steps() >= 1, "amp: accumulation_steps must be >= 1, got ", o.accumulation_steps());
 }
 
-// torch's clip_grad_norm_ (LibTorch's C++ one, op for op, so the gradients
-// are bitwise the same) without its final item(): the total norm stays a
-// tensor and nothing waits for the device.
-inline at::Tensor clip_grad_norm_no_sync(const std::vector<at::Tensor>& params, double max_norm, double norm_type) {
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return at::Tensor();
-  at::NoGradGuard no_grad;
-  at::Tensor total;
-  std::vector<at::Tensor> norms;
-  norms.reserve(grads.size());
-  if (std::isinf(norm_type)) {
-    for (const auto& g : grads) norms.push_back(g.abs().max());
-    total = norms.size() == 1 ? norms[0] : at::max(at::stack(norms));
-  } else if (norm_type == 0) {
-    total = at::full({}, static_cast<double>(grads.size()));
-  } else {
-    for (const auto& g : grads) norms.push_back(g.norm(norm_type));
-    total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(norm_type);
-  }
-  const at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
-  for (auto& g : grads) g.mul_(coef);
-  return total;
-}
-
-template <class S, class = void>
-struct has_fused_step : std::false_type {};
-template <class S>
-struct has_fused_step<S, std::void_t<decltype(std::declval<S&>().step(std::declval<torch::optim::Optimizer&>(),
-                                                                       std::declval<FusedStep&>()))>>
-    : std::true_type {};
-
 template <class S, class = void>
 struct has_found_inf : std::false_type {};
 template <class S>
@@ -125,25 +90,16 @@ class Stepper {
   using scaler_type = Scaler;
 
   explicit Stepper(torch::optim::Optimizer& optimizer, StepperOptions options = {}, Scaler scaler = Scaler())
-      : optimizer_(&optimizer), options_(std::move(options)), scaler_(std::move(scaler)) {
-    detail::validate(options_);
-    // The fused path: where a fused kernel serves the optimizer on its
-    // parameters' device, and the scaler can drive it (or does not scale).
-    if (options_.fused() && (!uses_loss_scaling_v<Scaler> || detail::has_fused_step<Scaler>::value)) {
-      const auto& groups = optimizer.param_groups();
-      if (!groups.empty() && !groups.front().params().empty() &&
-          fused_kind(optimizer, groups.front().params().front().device().type()) != FusedKind::kNone) {
-        fused_.emplace(optimizer);
-      }
-    }
-  }
+      : options_((detail::validate(options), std::move(options))),
+        scaler_(std::move(scaler)),
+        part_(optimizer, options_.fused(), options_.max_grad_norm(), options_.norm_type()) {}
 
   // One micro-batch: backward of the (scaled, accumulation-divided) loss; at
   // the accumulation boundary also unscale, clip, step or skip, update.
   // Gradients are zeroed at the start of each accumulation cycle.
   StepResult step(const at::Tensor& loss) {
     check_loss(loss);
-    if (micro_ == 0) optimizer_->zero_grad();
+    if (micro_ == 0) part_.optimizer().zero_grad();
     return backward_and_step(loss);
   }
 
@@ -183,19 +139,7 @@ class Stepper {
   // The boundary half of step(), for callers that ran backward themselves
   // (LBFGS-style closures excluded): unscale, clip, step or skip, update.
   StepResult finish_step(at::Tensor loss) {
-    if (options_.max_grad_norm() > 0.0) {
-      scaler_.unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
-      clip();
-    }
-    if (fused_) {
-      if constexpr (detail::has_fused_step<Scaler>::value) {
-        scaler_.step(*optimizer_, *fused_);
-      } else {
-        fused_->step();
-      }
-    } else {
-      scaler_.step(*optimizer_);
-    }
+    part_.run(scaler_);
     at::Tensor found_inf;
     if constexpr (detail::has_found_inf<Scaler>::value) found_inf = scaler_.found_inf();
     scaler_.update();
@@ -217,11 +161,12 @@ class Stepper {
                 "amp: gradient accumulation does not apply to a closure-based optimizer (LBFGS); set "
                 "accumulation_steps(1)");
     at::Tensor last;
-    optimizer_->step([&] {
-      optimizer_->zero_grad();
+    torch::optim::Optimizer& optimizer = part_.optimizer();
+    optimizer.step([&] {
+      optimizer.zero_grad();
       at::Tensor loss = forward();
       loss.backward();
-      if (options_.max_grad_norm() > 0.0) clip();
+      if (options_.max_grad_norm() > 0.0) part_.clip();
       last = loss.detach();
       return loss;
     });
@@ -230,26 +175,19 @@ class Stepper {
   }
 
   // Whether steps take the fused, sync-free path; and which path, in words.
-  bool fused() const { return fused_.has_value(); }
-  std::string path() const {
-    if (!fused_) return "unfused (the optimizer's own step()" + std::string(uses_loss_scaling_v<Scaler> ? "; one host sync per step to decide a skip)" : ")");
-    return std::string("fused (") + detail::fused_kind_name(fused_->kind()) + " kernel, no host sync)";
-  }
+  bool fused() const { return part_.fused(); }
+  std::string path() const { return part_.path(); }
   // Brings the fused path's device step counters into optimizer.state() (a
   // host sync): call before saving the optimizer. A no-op on the unfused path.
-  void sync_optimizer_state() const {
-    if (fused_) fused_->sync_to_optimizer();
-  }
+  void sync_optimizer_state() const { part_.sync_optimizer_state(); }
   // After optimizer.load(): the fused path rereads the optimizer's state.
-  void reload_optimizer_state() {
-    if (fused_) fused_->reload_from_optimizer();
-  }
+  void reload_optimizer_state() { part_.reload_optimizer_state(); }
 
   // Why this step cannot be captured in a CUDA graph (amp/capture.h), in
   // words that say what to change; "" when it can: the fused path, one
   // micro-batch per step, no multi-process hook.
   std::string capture_blocker() const {
-    if (!fused_)
+    if (!part_.fused())
       return "capture() needs the fused, sync-free optimizer step, and this one takes the " + path() +
              " path: use torch::optim::Adam, AdamW or SGD with TrainerOptions().fused(true) (the default), on a "
              "LibTorch and device with their fused kernels";
@@ -265,8 +203,8 @@ class Stepper {
   // The fused path's state made now and kept fixed (FusedStep::make_static),
   // so that every step runs on the same tensors; for capture().
   void make_static() {
-    TORCH_CHECK(fused_.has_value(), "amp: make_static() needs the fused step; ", capture_blocker());
-    fused_->make_static();
+    TORCH_CHECK(part_.fused(), "amp: make_static() needs the fused step; ", capture_blocker());
+    part_.make_static();
   }
 
   // Installs (or, with nullptr, removes) the hook of multi-process training;
@@ -276,8 +214,8 @@ class Stepper {
 
   Scaler& scaler() { return scaler_; }
   const Scaler& scaler() const { return scaler_; }
-  torch::optim::Optimizer& optimizer() { return *optimizer_; }
-  const torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  torch::optim::Optimizer& optimizer() { return part_.optimizer(); }
+  const torch::optim::Optimizer& optimizer() const { return part_.optimizer(); }
   const StepperOptions& options() const { return options_; }
   // Optimizer steps taken (skipped ones included), and micro-batches into the current one.
   int64_t steps() const { return steps_; }
@@ -285,23 +223,13 @@ class Stepper {
   void set_steps(int64_t steps) { steps_ = steps; }
 
   // The parameters of all param groups that have a gradient.
-  std::vector<at::Tensor> gradients() const {
-    std::vector<at::Tensor> params;
-    for (const auto& group : optimizer_->param_groups())
-      for (const auto& p : group.params())
-        if (p.grad().defined()) params.push_back(p);
-    return params;
-  }
+  std::vector<at::Tensor> gradients() const { return part_.gradients(); }
 
  private:
-  void clip() { detail::clip_grad_norm_no_sync(gradients(), options_.max_grad_norm(), options_.norm_type()); }
-
-  torch::optim::Optimizer* optimizer_;
   StepperOptions options_;
   Scaler scaler_;
-  // mutable: sync_optimizer_state() const (for Trainer::save() const) writes
-  // the device counters into the optimizer's state, which is not ours.
-  mutable std::optional<FusedStep> fused_;
+  // The optimizer's part of the recipe (unscale, clip, fused or unfused step).
+  detail::OptimizerStep<Scaler> part_;
   GradientSync* sync_ = nullptr;
   int64_t micro_ = 0;
   int64_t steps_ = 0;

@@ -15,9 +15,6 @@
 #include <torch/cuda.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/lbfgs.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -32,7 +29,8 @@
 
 #include "amp/capture.h"
 #include "amp/checkpoint.h"
-#include "amp/detail/compat_ops.h"
+#include "amp/detail/evaluation.h"
+#include "amp/detail/model_setup.h"
 #include "amp/detail/progress.h"
 #include "amp/history.h"
 #include "amp/device.h"
@@ -74,30 +72,6 @@ struct TrainerOptions {
 
 namespace detail {
 
-template <class T>
-struct is_module_holder : std::false_type {};
-template <class M>
-struct is_module_holder<torch::nn::ModuleHolder<M>> : std::true_type {};
-
-template <class M>
-std::shared_ptr<torch::nn::Module> as_module(M&& model) {
-  using T = std::decay_t<M>;
-  if constexpr (std::is_base_of_v<torch::nn::Module, T>) {
-    static_assert(!std::is_base_of_v<torch::nn::Module, T>,
-                  "amp: pass the model as a ModuleHolder (e.g. torch::nn::Linear) or a std::shared_ptr<Module>, not a "
-                  "Module by value; e.g. `auto model = std::make_shared<Net>(); amp::Trainer<P> t(model, optimizer);`");
-    return nullptr;
-  } else if constexpr (std::is_convertible_v<T, std::shared_ptr<torch::nn::Module>>) {
-    std::shared_ptr<torch::nn::Module> m = model;
-    TORCH_CHECK(m != nullptr, "amp: the model is null; construct it before the Trainer");
-    return m;
-  } else {
-    // ModuleHolder<Impl> (torch::nn::Linear, TORCH_MODULE types)
-    TORCH_CHECK(!model.is_empty(), "amp: the model is an empty ModuleHolder; construct it before the Trainer");
-    return model.ptr();
-  }
-}
-
 // Range-like: a DataLoader (unique_ptr) or any range of batches.
 template <class L>
 decltype(auto) as_range(L& loader) {
@@ -135,7 +109,7 @@ class Trainer {
       : module_(detail::as_module(std::forward<Model>(model))),
         options_(std::move(options)),
         stepper_(setup(optimizer), options_.stepper(), std::move(scaler)),
-        closure_optimizer_(closure_based(optimizer)) {}
+        closure_optimizer_(detail::closure_based(optimizer)) {}
 
   // One optimizer step (or one micro-batch of it, with accumulation):
   // fn(region) runs the forward under the policy and returns the loss.
@@ -150,6 +124,14 @@ class Trainer {
     }
     at::Tensor loss = forward(fn);
     return stepper_.step(loss);
+  }
+
+  // fn(region) for evaluation: under the policy's region, without autograd,
+  // the model in eval mode (each submodule's own mode back afterwards).
+  // Returns what fn returns:  auto acc = trainer.evaluate([&](auto&) { return accuracy(model, x, y); });
+  template <class F>
+  decltype(auto) evaluate(F&& fn) {
+    return detail::evaluate<region_type>({module_.get()}, options_.strict_casts(), fn);
   }
 
   // Epochs over `loader` (a LibTorch DataLoader or any range of batches):
@@ -309,74 +291,17 @@ class Trainer {
     return fn(region);
   }
 
-  // An optimizer that re-evaluates the loss inside step(closure).
-  static bool closure_based(torch::optim::Optimizer& opt) {
-    return dynamic_cast<torch::optim::LBFGS*>(&opt) != nullptr;
-  }
-
   // Checks the model and optimizer and, for True<D>, converts the model: before
   // the Stepper is made, so that it chooses its optimizer path (fused or not)
   // for the parameters' final dtype. Returns `opt`.
   torch::optim::Optimizer& setup(torch::optim::Optimizer& opt) {
-    const bool closure_optimizer = closure_based(opt);
-    TORCH_CHECK(!(closure_optimizer && traits::uses_loss_scaling),
-                "amp: a closure-based optimizer (LBFGS) cannot be used with the loss-scaling policy \"", precision,
-                "\": the scaler would have to unscale and check gradients inside LBFGS's closure; use "
-                "amp::Mixed<amp::bf16, amp::NoScaler> or an amp::True<...> policy");
-    TORCH_CHECK(!closure_optimizer || options_.stepper().accumulation_steps() == 1,
+    detail::check_optimizer<Policy>(opt);
+    TORCH_CHECK(!detail::closure_based(opt) || options_.stepper().accumulation_steps() == 1,
                 "amp: gradient accumulation does not apply to a closure-based optimizer (LBFGS); set "
                 "TrainerOptions().accumulation_steps(1)");
-    TORCH_CHECK(device_traits<Device>::available(), "amp: Trainer<", precision, ", ", device_traits<Device>::tag,
-                "> needs a ", device_traits<Device>::name, " device, but LibTorch sees none; use amp::Trainer<Policy, ",
-                device_traits<CPU>::tag, ">");
-    if constexpr (std::is_same_v<Device, CUDA> && (std::is_same_v<typename traits::compute_type, bf16> ||
-                                                   std::is_same_v<typename traits::param_type, bf16>)) {
-      TORCH_CHECK(detail::compat::cuda_supports_bf16(), "amp: ", precision,
-                  " computes in bf16, which needs an Ampere or newer GPU (compute capability 8.0+); this GPU has "
-                  "none: use amp::Mixed<amp::fp16, amp::DynamicScaler> (\"16-mixed\") on it");
-    }
-    if constexpr (std::is_same_v<typename traits::param_type, fp16>) check_fp16_eps(opt);
-    const c10::ScalarType want = scalar_type_v<typename traits::param_type>;
-    const c10::DeviceType dev = device_traits<Device>::device_type;
-    auto params = module_->named_parameters(/*recurse=*/true);
-    TORCH_CHECK(params.size() > 0, "amp: the model has no parameters to train");
-    for (const auto& p : params) {
-      TORCH_CHECK(p.value().device().type() == dev, "amp: parameter '", p.key(), "' is on ", p.value().device(),
-                  " but the Trainer's device is ", device_traits<Device>::name, "; move the model first (model->to(",
-                  device_traits<Device>::torch_name, ")) or use the Trainer of the parameters' device");
-      if constexpr (traits::uses_autocast) {
-        TORCH_CHECK(p.value().scalar_type() == want, "amp: ", precision, " keeps parameters in fp32, but parameter '",
-                    p.key(), "' is ", p.value().scalar_type(),
-                    "; call model->to(torch::kFloat32) before constructing the Trainer (autocast chooses the compute "
-                    "dtype per op), or use amp::True<...> to train in one dtype");
-      } else {
-        TORCH_CHECK(at::isFloatingType(p.value().scalar_type()), "amp: parameter '", p.key(), "' is ",
-                    p.value().scalar_type(), ", not a floating-point tensor");
-      }
-    }
-    if constexpr (!traits::uses_autocast) {
-      // True<D>: the whole model in D. Module::to keeps the parameter tensors
-      // (set_data), so the optimizer's references stay valid.
-      module_->to(want);
-    }
+    detail::check_device<Policy, Device>("Trainer");
+    detail::setup_model<Policy, Device>(*module_, "Trainer", "before constructing the Trainer");
     return opt;
-  }
-
-  // Adam's eps is added to sqrt(exp_avg_sq) in the parameters' dtype. In fp16
-  // torch's default 1e-8 rounds to 0, so any gradient element that is 0
-  // (a dead ReLU unit) makes 0/0 = NaN: reject it, naming the fix.
-  static void check_fp16_eps(const torch::optim::Optimizer& opt) {
-    constexpr double kMinNormalFp16 = 6.103515625e-05;  // 2^-14
-    for (const auto& group : opt.param_groups()) {
-      double eps = -1;
-      const char* name = nullptr;
-      if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&group.options())) eps = o->eps(), name = "AdamOptions";
-      if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&group.options())) eps = o->eps(), name = "AdamWOptions";
-      TORCH_CHECK(name == nullptr || eps >= kMinNormalFp16, "amp: ", precision, " keeps Adam's state in fp16, where eps=",
-                  eps, " rounds to 0 or a subnormal and 0/0 gives NaN (the loss becomes NaN); use torch::optim::",
-                  name ? name : "AdamOptions", "(lr).eps(1e-4), or a policy with fp32 optimizer state (\"16-mixed\", "
-                  "\"32-true\")");
-    }
   }
 
   c10::Device parameter_device() const { return module_->parameters().front().device(); }

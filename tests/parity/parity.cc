@@ -26,6 +26,14 @@
 //   trainer-64-true         Trainer<True<fp64>> + Adam (fused) vs model.to(float64) + Adam(fused=True)
 //   gan-d-bf16-mixed        the discriminator run above with Adam (fused) vs Adam(fused=True)
 // The GradScalers back off (fp16 overflow) and grow within the run.
+// Two models and two optimizers under one policy (amp::Precision; a small GAN,
+// 300 iterations, each logged as two steps: 2i the discriminator's loss, 2i+1
+// the generator's; the final parameters are G's then D's):
+//   precision-bf16-mixed-gan-unfused   (every LibTorch) bf16-mixed, SGD for both, G clipped to norm 1,
+//                           the optimizers' own step() vs autocast + SGD(foreach=False)
+//   precision-16-mixed-gan  (fused) 16-mixed, fused Adam for D, fused AdamW for G (clipped), one
+//                           GradScaler; inf injected into D's loss, and into G's, at chosen iterations
+//                           vs one torch.amp.GradScaler stepping Adam(fused=True) and AdamW(fused=True)
 //
 // cuda: needs a CUDA device (exits 0 with "skipped" without one); run by
 // tools/gpu/check.sh. cpu: run by tests/parity:parity_python_test.
@@ -37,6 +45,8 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -98,9 +108,11 @@ struct Log {
   void step(int i, const torch::Tensor& loss, double scale) {
     out << run << " " << i << " " << bits(loss.item<float>()) << " " << bits(static_cast<float>(scale)) << "\n";
   }
-  void save(torch::nn::Module& m) const {
+  void save(torch::nn::Module& m) const { save(std::vector<torch::nn::Module*>{&m}); }
+  void save(const std::vector<torch::nn::Module*>& modules) const {
     c10::List<torch::Tensor> list;
-    for (const auto& p : m.parameters()) list.push_back(p.detach().cpu());
+    for (torch::nn::Module* m : modules)
+      for (const auto& p : m->parameters()) list.push_back(p.detach().cpu());
     const std::vector<char> bytes = torch::pickle_save(c10::IValue(list));
     std::ofstream(dir + "/cpp_" + run + ".pt", std::ios::binary)
         .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -183,6 +195,68 @@ void gan_run(Log& log, const Data& data, const std::string& name, const OptOptio
   log.save(*d);
 }
 
+// The GAN of the Precision runs, with functional torch::linear (gan_run above
+// checks nn::Linear modules called twice per step, through linear routing).
+struct Mlp : torch::nn::Module {
+  Mlp(int64_t in, int64_t hidden, int64_t out) {
+    w1 = register_parameter("w1", torch::randn({hidden, in}) * 0.1);
+    b1 = register_parameter("b1", torch::randn({hidden}) * 0.1);
+    w2 = register_parameter("w2", torch::randn({out, hidden}) * 0.1);
+    b2 = register_parameter("b2", torch::randn({out}) * 0.1);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::linear(torch::leaky_relu(torch::linear(x, w1, b1), 0.2), w2, b2);
+  }
+  torch::Tensor w1, b1, w2, b2;
+};
+
+// D's loss is multiplied by inf at iterations 10, 60, 110, ...; G's at 35, 85, ...
+double d_poison(int i) { return i % 50 == 10 ? std::numeric_limits<double>::infinity() : 1.0; }
+double g_poison(int i) { return i % 50 == 35 ? std::numeric_limits<double>::infinity() : 1.0; }
+
+// One Precision run: G (16 -> 64 -> 32) and D (32 -> 64 -> 1), each with its optimizer.
+template <class Policy, class Dev, class OptG, class OptD, class OptionsG, class OptionsD, class... Scaler>
+void precision_run(Log& log, torch::Device device, const std::string& name, const OptionsG& og, const OptionsD& od,
+                   bool fused, bool poison, Scaler&&... scaler) {
+  log.run = name;
+  torch::manual_seed(2);
+  auto gen = std::make_shared<Mlp>(16, 64, 32);
+  auto disc = std::make_shared<Mlp>(32, 64, 1);
+  gen->to(device);
+  disc->to(device);
+  torch::manual_seed(4);
+  const auto z = torch::randn({kSteps, 64, 16}).to(device);
+  const auto real = (torch::randn({kSteps, 64, 32}) * 0.5 + 1.0).to(device);
+  OptG opt_g(gen->parameters(), og);
+  OptD opt_d(disc->parameters(), od);
+  amp::Precision<Policy, Dev> prec(amp::PrecisionOptions(), std::forward<Scaler>(scaler)...);
+  prec.setup(gen, opt_g, amp::SetupOptions().max_grad_norm(1.0).fused(fused));
+  prec.setup(disc, opt_d, amp::SetupOptions().fused(fused));
+  if (prec.fused(opt_g) != fused || prec.fused(opt_d) != fused)
+    throw std::runtime_error("amp: parity: " + name + " takes " + prec.optimizer_path(opt_g) + " and " +
+                             prec.optimizer_path(opt_d) + ", not the path its Python twin runs");
+  auto bce = [](const torch::Tensor& logits, double target) {
+    return torch::binary_cross_entropy_with_logits(logits, torch::full_like(logits, target));
+  };
+  for (int i = 0; i < kSteps; ++i) {
+    opt_d.zero_grad();
+    const auto loss_d = prec.forward([&](auto&) {
+      return bce(disc->forward(real[i]), 1.0) + bce(disc->forward(gen->forward(z[i]).detach()), 0.0);
+    });
+    prec.backward(poison && d_poison(i) != 1.0 ? loss_d * d_poison(i) : loss_d);
+    prec.step(opt_d);
+    opt_g.zero_grad();
+    const auto loss_g = prec.forward([&](auto&) { return bce(disc->forward(gen->forward(z[i])), 1.0); });
+    prec.backward(poison && g_poison(i) != 1.0 ? loss_g * g_poison(i) : loss_g);
+    prec.step(opt_g);
+    prec.update();
+    const double scale = prec.scaler().get_scale();
+    log.step(2 * i, loss_d, scale);
+    log.step(2 * i + 1, loss_g, scale);
+  }
+  log.save({gen.get(), disc.get()});
+}
+
 // The runs on the fused path, and the GradScaler recipe.
 template <class Dev>
 void fused_runs(Log& log, const Data& data) {
@@ -205,6 +279,9 @@ void fused_runs(Log& log, const Data& data) {
   trainer_run<amp::True<amp::fp64>, Dev, Adam>(log, data, "trainer-64-true", AdamOptions(1e-3),
                                                amp::TrainerOptions());
   gan_run<Dev, Adam>(log, data, "gan-d-bf16-mixed", AdamOptions(1e-3), amp::TrainerOptions());
+  precision_run<Fp16, Dev, AdamW, Adam>(log, data.device, "precision-16-mixed-gan",
+                                        AdamWOptions(1e-3).weight_decay(0.01), AdamOptions(2e-4).betas({0.5, 0.999}),
+                                        /*fused=*/true, /*poison=*/true, amp::DynamicScaler(scaler_options(1024.0)));
 }
 
 // kFused: the runs on the fused path (and the GradScaler recipe), where the
@@ -230,6 +307,9 @@ int run(const std::string& dir, torch::Device device) {
                                               SGDOptions(0.01).momentum(0.9), amp::TrainerOptions().fused(false));
   gan_run<Dev, SGD>(log, data, "gan-d-bf16-mixed-sgd-unfused", SGDOptions(0.01).momentum(0.9),
                     amp::TrainerOptions().fused(false));
+  precision_run<Bf16, Dev, SGD, SGD>(log, device, "precision-bf16-mixed-gan-unfused", SGDOptions(0.02).momentum(0.5),
+                                     SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4),
+                                     /*fused=*/false, /*poison=*/false);
   if constexpr (kFused) fused_runs<Dev>(log, data);
   std::cout << "parity: wrote " << dir << "/cpp_steps.txt\n";
   return 0;

@@ -66,6 +66,25 @@ RUNS = {
 }
 
 
+class GanRun(NamedTuple):  # tests/parity/parity.cc precision_run: two models, two optimizers, one scaler
+    dtype: torch.dtype  # autocast's
+    init_scale: Optional[float]  # the one GradScaler's, or None: no loss scaling
+    make_opt_g: Callable
+    make_opt_d: Callable
+    fused: bool  # run only where the LibTorch has fused kernels for the device
+    poison: bool  # inf injected into D's and G's losses at chosen iterations
+
+
+GAN_RUNS = {
+    "precision-bf16-mixed-gan-unfused": GanRun(
+        torch.bfloat16, None, sgd(lr=0.02, momentum=0.5, foreach=False),
+        sgd(lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4, foreach=False), False, False),
+    "precision-16-mixed-gan": GanRun(
+        torch.float16, 1024.0, lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01, fused=True),
+        lambda p: torch.optim.Adam(p, lr=2e-4, betas=(0.5, 0.999), fused=True), True, True),
+}
+
+
 def has_fused(device):  # as parity.cc decides: CUDA, or CPU from torch 2.4
     major, minor = (int(v) for v in torch.__version__.split(".")[:2])
     return device == "cuda" or (major, minor) >= (2, 4)
@@ -142,6 +161,72 @@ def run(name, device, x, y):
     return rows, [p.detach().cpu() for p in model.parameters()]
 
 
+class Mlp(torch.nn.Module):
+    """parity.cc's Mlp: F.linear, as the C++ half's torch::linear."""
+
+    def __init__(self, i, h, o):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.randn(h, i) * 0.1)
+        self.b1 = torch.nn.Parameter(torch.randn(h) * 0.1)
+        self.w2 = torch.nn.Parameter(torch.randn(o, h) * 0.1)
+        self.b2 = torch.nn.Parameter(torch.randn(o) * 0.1)
+
+    def forward(self, x):
+        f = torch.nn.functional
+        return f.linear(f.leaky_relu(f.linear(x, self.w1, self.b1), 0.2), self.w2, self.b2)
+
+
+def run_gan(name, device):
+    """torch's AMP recipe for several optimizers: one GradScaler, scaler.step per optimizer, one update."""
+    r = GAN_RUNS[name]
+    torch.manual_seed(2)
+    gen, disc = Mlp(16, 64, 32).to(device), Mlp(32, 64, 1).to(device)
+    torch.manual_seed(4)
+    z = torch.randn(STEPS, 64, 16).to(device)
+    real = (torch.randn(STEPS, 64, 32) * 0.5 + 1.0).to(device)
+    opt_g, opt_d = r.make_opt_g(gen.parameters()), r.make_opt_d(disc.parameters())
+    scaler = None if r.init_scale is None else torch.amp.GradScaler(device, init_scale=r.init_scale, growth_interval=20)
+    clip = torch.nn.utils.clip_grad_norm_
+    clip_kw = {"foreach": False} if "foreach" in inspect.signature(clip).parameters else {}
+    inf = float("inf")
+
+    def bce(logits, target):
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.full_like(logits, target))
+
+    def backward(loss, poisoned):
+        loss = loss * inf if poisoned else loss
+        (loss if scaler is None else scaler.scale(loss)).backward()
+
+    def step(opt, clip_params=None):
+        if scaler is None:
+            if clip_params is not None:
+                clip(clip_params, 1.0, **clip_kw)
+            opt.step()
+        else:
+            if clip_params is not None:
+                scaler.unscale_(opt)
+                clip(clip_params, 1.0, **clip_kw)
+            scaler.step(opt)
+
+    rows = []
+    for i in range(STEPS):
+        opt_d.zero_grad()
+        with torch.autocast(device, dtype=r.dtype):
+            loss_d = bce(disc(real[i]), 1.0) + bce(disc(gen(z[i]).detach()), 0.0)
+        backward(loss_d, r.poison and i % 50 == 10)
+        step(opt_d)
+        opt_g.zero_grad()
+        with torch.autocast(device, dtype=r.dtype):
+            loss_g = bce(disc(gen(z[i])), 1.0)
+        backward(loss_g, r.poison and i % 50 == 35)
+        step(opt_g, gen.parameters())
+        if scaler is not None:
+            scaler.update()
+        scale = bits(scaler.get_scale() if scaler else 1.0)
+        rows += [(name, 2 * i, bits(loss_d.item()), scale), (name, 2 * i + 1, bits(loss_g.item()), scale)]
+    return rows, [p.detach().cpu() for p in list(gen.parameters()) + list(disc.parameters())]
+
+
 def main(out, device):
     x, y = data(device)
     m = make_model(device)
@@ -152,15 +237,15 @@ def main(out, device):
     for line in open(f"{out}/cpp_steps.txt"):
         run_name, i, loss, scale = line.split()
         cpp[(run_name, int(i))] = (int(loss), int(scale))
-    expected = [name for name, r in RUNS.items() if not r.fused or has_fused(device)]
+    expected = [name for name, r in {**RUNS, **GAN_RUNS}.items() if not r.fused or has_fused(device)]
     ran = sorted({name for name, _ in cpp})
     if ran != sorted(expected):
         print(f"FAIL the C++ half ran {ran}, expected {sorted(expected)} for torch {torch.__version__} on {device}")
         return 1
     failures = 0
     for name in expected:
-        rows, params = run(name, device, x, y)
-        scaled = RUNS[name].init_scale is not None
+        rows, params = run_gan(name, device) if name in GAN_RUNS else run(name, device, x, y)
+        scaled = (GAN_RUNS[name] if name in GAN_RUNS else RUNS[name]).init_scale is not None
         diff_steps = [r[1] for r in rows if cpp.get((r[0], r[1])) != (r[2], r[3])]
         cpp_params = torch.load(f"{out}/cpp_{name}.pt", weights_only=False)
         same_params = len(cpp_params) == len(params) and all(torch.equal(a, b) for a, b in zip(cpp_params, params))

@@ -1,0 +1,60 @@
+// amp/detail/evaluation.h: evaluation under a policy, for Trainer::evaluate
+// and Precision::evaluate.
+//
+//   auto acc = amp::detail::evaluate<amp::Region<P, amp::CPU>>({model.get()}, amp::StrictCasts::kThrow,
+//                                                              [&](auto& region) { return accuracy(model, x, y); });
+//
+// Python's `model.eval(); with torch.no_grad(), torch.autocast(...): ...;
+// model.train()`, except that each submodule gets back the mode it had (a
+// frozen BatchNorm left in eval stays in eval), also when fn throws.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <ATen/core/grad_mode.h>
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "amp/strict_casts.h"
+
+namespace amp {
+namespace detail {
+
+// Every given module and its submodules in eval mode while it lives; their
+// own modes back afterwards.
+class EvalMode {
+ public:
+  explicit EvalMode(const std::vector<torch::nn::Module*>& modules) {
+    for (torch::nn::Module* m : modules) {
+      // modules() is pre-order (a module before its children), so restoring
+      // in this order lets a child's own mode override its parent's train().
+      for (const auto& sub : m->modules(/*include_self=*/true)) saved_.emplace_back(sub, sub->is_training());
+    }
+    for (torch::nn::Module* m : modules) m->eval();
+  }
+  ~EvalMode() {
+    for (auto& [module, training] : saved_) module->train(training);
+  }
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
+
+ private:
+  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> saved_;
+};
+
+// fn(region) with the modules in eval mode, no autograd, under Region
+// (autocast for a Mixed policy); returns what fn returns.
+template <class Region, class F>
+decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, StrictCasts strict_casts, F& fn) {
+  static_assert(std::is_invocable_v<F&, Region&>,
+                "amp: the evaluation function must take the region: [&](auto& region) { return metric; }");
+  EvalMode eval(modules);
+  at::NoGradGuard no_grad;
+  Region region(strict_casts);
+  return fn(region);
+}
+
+}  // namespace detail
+}  // namespace amp

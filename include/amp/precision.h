@@ -1,0 +1,313 @@
+// amp/precision.h: Precision<Policy, Device>, several models and optimizers
+// under one policy and one scaler (Lightning Fabric's shape; a GAN's recipe).
+//
+//   amp::Precision<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA> prec;
+//   prec.setup(gen, opt_g);  prec.setup(disc, opt_d);
+//   opt_d.zero_grad(); prec.backward(prec.forward([&](auto&) { return d_loss(); })); prec.step(opt_d);
+//   opt_g.zero_grad(); prec.backward(prec.forward([&](auto&) { return g_loss(); })); prec.step(opt_g);
+//   prec.update();                          // one scale update per iteration
+//
+// torch's AMP recipe for several optimizers (one GradScaler): each
+// optimizer's gradients are unscaled once per iteration (clipped after, when
+// its SetupOptions say so); inf/NaN in one optimizer's gradients skips that
+// optimizer only; update() backs the scale off once if any of them had
+// inf/NaN. Each optimizer takes the fused, sync-free step where eligible
+// (optim/optimizer_step.h, the part Stepper runs for one optimizer). setup()
+// checks and converts models as Trainer does. save()/load() hold every model,
+// optimizer, the scaler and the counters, atomically.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "amp/checkpoint.h"
+#include "amp/detail/evaluation.h"
+#include "amp/detail/model_setup.h"
+#include "amp/device.h"
+#include "amp/optim/optimizer_step.h"
+#include "amp/policy.h"
+#include "amp/region.h"
+#include "amp/scaler/dynamic_scaler.h"  // the built-in scalers a policy may name
+#include "amp/scaler/no_scaler.h"
+#include "amp/scaler/static_scaler.h"
+#include "amp/step.h"
+#include "amp/strict_casts.h"
+#include "amp/traits.h"
+
+namespace amp {
+
+struct PrecisionOptions {
+  // What a raw x.to(torch::kHalf / kBFloat16) in a Mixed region does (amp/strict_casts.h).
+  TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
+};
+
+// Per optimizer, at setup(model, optimizer, options).
+struct SetupOptions {
+  // Clip this optimizer's gradients to this total norm after unscaling them (0 = off).
+  TORCH_ARG(double, max_grad_norm) = 0.0;
+  TORCH_ARG(double, norm_type) = 2.0;
+  // ATen's fused kernel where it serves the optimizer (no host sync); false: its own step().
+  TORCH_ARG(bool, fused) = true;
+};
+
+template <class Policy, class Device = CUDA>
+class Precision {
+  static_assert(require_supported<Policy, Device>());
+
+ public:
+  using policy = Policy;
+  using device = Device;
+  using traits = policy_traits<Policy>;
+  using scaler_type = typename traits::scaler_type;
+  using region_type = Region<Policy, Device>;
+  static constexpr const char* precision = traits::name;
+
+  explicit Precision(PrecisionOptions options = {}, scaler_type scaler = scaler_type())
+      : options_(std::move(options)), scaler_(std::move(scaler)) {
+    detail::check_device<Policy, Device>("Precision");
+  }
+  Precision(const Precision&) = delete;
+  Precision& operator=(const Precision&) = delete;
+
+  // A model (ModuleHolder or std::shared_ptr<Module>): checked against the
+  // policy, converted for True<D>. Set up a model once; setting it up again is a no-op.
+  template <class Model>
+  void setup(Model&& model) {
+    add_model(detail::as_module(std::forward<Model>(model)));
+  }
+
+  // A model and an optimizer over parameters of models set up (this one
+  // included). The optimizer must outlive the Precision.
+  template <class Model>
+  void setup(Model&& model, torch::optim::Optimizer& optimizer, SetupOptions options = {}) {
+    std::shared_ptr<torch::nn::Module> module = detail::as_module(std::forward<Model>(model));
+    // Every check before anything changes.
+    for (size_t k = 0; k < parts_.size(); ++k)
+      TORCH_CHECK(&parts_[k]->optimizer() != &optimizer, "amp: setup(): this optimizer was already set up (optimizer ",
+                  k, "); set up each optimizer once");
+    TORCH_CHECK(!detail::closure_based(optimizer), "amp: Precision steps each optimizer with step(), but a "
+                "closure-based optimizer (LBFGS) re-evaluates the loss inside its step; train it with amp::Trainer");
+    TORCH_CHECK(options.max_grad_norm() >= 0.0, "amp: SetupOptions::max_grad_norm must be >= 0 (0 turns clipping "
+                "off), got ", options.max_grad_norm());
+    TORCH_CHECK(options.norm_type() > 0.0, "amp: SetupOptions::norm_type must be > 0 (2 for the L2 norm), got ",
+                options.norm_type());
+    detail::check_optimizer<Policy>(optimizer);
+    check_owned(optimizer, *module);
+    add_model(module);  // before the optimizer's path is chosen: True<D> converts the parameters
+    parts_.push_back(std::make_unique<detail::OptimizerStep<scaler_type>>(optimizer, options.fused(),
+                                                                          options.max_grad_norm(), options.norm_type()));
+    backward_.push_back(false);
+    stepped_.push_back(false);
+  }
+
+  // fn(region) under the policy's region (autocast for Mixed); returns fn's value.
+  template <class F>
+  decltype(auto) forward(F&& fn) {
+    static_assert(std::is_invocable_v<F&, region_type&>,
+                  "amp: the forward function must take the region: [&](auto& region) { return loss; }");
+    region_type region(options_.strict_casts());
+    return fn(region);
+  }
+
+  // The scaled loss's backward (scaler.scale(loss).backward()); with a
+  // GradientSync installed, gradients are averaged across processes after it.
+  void backward(const at::Tensor& loss) {
+    TORCH_CHECK(loss.defined(), "amp: backward(): the loss is an undefined tensor");
+    TORCH_CHECK(loss.numel() == 1, "amp: backward(): the loss must have one element, got shape ", loss.sizes(),
+                "; reduce it first (e.g. loss.mean())");
+    TORCH_CHECK(loss.requires_grad(), "amp: backward(): the loss does not require grad; compute it from the "
+                "models' outputs (not under torch::NoGradGuard or evaluate())");
+    if (sync_ != nullptr) sync_->begin_backward(/*boundary=*/true);
+    scaler_.scale(loss).backward();
+    if (sync_ != nullptr) sync_->finish_backward();
+    std::fill(backward_.begin(), backward_.end(), true);
+  }
+
+  // That optimizer's part of the iteration: unscale (and clip), then step, or
+  // skip when its gradients hold inf/NaN. Once per optimizer per iteration,
+  // after a backward().
+  void step(torch::optim::Optimizer& optimizer) {
+    const size_t k = index_of(optimizer, "step");
+    TORCH_CHECK(!stepped_[k], "amp: step(): optimizer ", k, " already stepped in this iteration; call "
+                "prec.update() before stepping it again");
+    TORCH_CHECK(backward_[k], "amp: step() without backward(): no backward() since optimizer ", k,
+                "'s last step; call prec.backward(loss) first");
+    parts_[k]->run(scaler_);
+    stepped_[k] = true;
+    backward_[k] = false;
+  }
+
+  // Ends the iteration: one scale update from every optimizer stepped since
+  // the last update() (backoff once if any saw inf/NaN). Returns the
+  // iteration's combined found-inf flag (a 0-dim tensor, no host sync;
+  // undefined without loss scaling).
+  at::Tensor update() {
+    TORCH_CHECK(std::find(stepped_.begin(), stepped_.end(), true) != stepped_.end(),
+                "amp: update() without a step() since the last update(); call prec.step(optimizer) first");
+    scaler_.update();
+    std::fill(stepped_.begin(), stepped_.end(), false);
+    ++steps_;
+    if constexpr (detail::has_found_inf<scaler_type>::value) return scaler_.found_inf();
+    return at::Tensor();
+  }
+
+  // fn(region) for evaluation: under the policy's region, without autograd,
+  // every model in eval mode (each submodule's own mode back afterwards).
+  template <class F>
+  decltype(auto) evaluate(F&& fn) {
+    std::vector<torch::nn::Module*> modules;
+    for (const auto& m : models_) modules.push_back(m.get());
+    return detail::evaluate<region_type>(modules, options_.strict_casts(), fn);
+  }
+
+  // Every model and optimizer (in setup order), the scaler and the counters,
+  // written atomically. Between iterations (not after a step() before its update()).
+  void save(const std::string& path) const {
+    check_between_iterations("save");
+    torch::serialize::OutputArchive archive = archive_now();
+    detail::atomic_write(path, [&](const std::string& tmp) { archive.save_to(tmp); });
+  }
+
+  // Restores a checkpoint written by save() with the same models and
+  // optimizers set up in the same order. Refuses another policy's, another
+  // count's, a truncated or corrupt one; on any failure nothing changes.
+  void load(const std::string& path) {
+    check_between_iterations("load");
+    TORCH_CHECK(!models_.empty(), "amp: load(): no model is set up; call prec.setup(model, optimizer) first");
+    torch::serialize::InputArchive archive =
+        detail::open_checkpoint(path, models_.front()->parameters().front().device(), precision, "Precision");
+    std::stringstream before;
+    archive_now().save_to(before);
+    try {
+      apply(archive);
+    } catch (const c10::Error& e) {
+      before.seekg(0);
+      torch::serialize::InputArchive previous;
+      previous.load_from(before, models_.front()->parameters().front().device());
+      apply(previous);
+      TORCH_CHECK(false, "amp: checkpoint '", path, "' does not fit these models/optimizers (left unchanged): ",
+                  e.what_without_backtrace());
+    }
+  }
+
+  // Every model's parameters and buffers (in setup order), named
+  // "<model index>.<parameter name>": for DataParallel(pg, prec.parameters(),
+  // prec.buffers(), options, prec.parameter_names()) and set_gradient_sync.
+  std::vector<at::Tensor> parameters() const { return collect(true).first; }
+  std::vector<std::string> parameter_names() const { return collect(true).second; }
+  std::vector<at::Tensor> buffers() const { return collect(false).first; }
+  // Installs (nullptr removes) the hook of multi-process training around
+  // backward() (amp/distributed.h's DataParallel); not owned.
+  void set_gradient_sync(GradientSync* sync) { sync_ = sync; }
+  GradientSync* gradient_sync() const { return sync_; }
+
+  scaler_type& scaler() { return scaler_; }
+  const scaler_type& scaler() const { return scaler_; }
+  const PrecisionOptions& options() const { return options_; }
+  // Iterations completed (update() calls), restored by load().
+  int64_t steps() const { return steps_; }
+  size_t num_models() const { return models_.size(); }
+  size_t num_optimizers() const { return parts_.size(); }
+  // Whether this optimizer takes the fused, sync-free step, and its path in words.
+  bool fused(const torch::optim::Optimizer& optimizer) const { return parts_[index_of(optimizer, "fused")]->fused(); }
+  std::string optimizer_path(const torch::optim::Optimizer& optimizer) const {
+    return parts_[index_of(optimizer, "optimizer_path")]->path();
+  }
+
+ private:
+  void add_model(const std::shared_ptr<torch::nn::Module>& module) {
+    for (const auto& m : models_)
+      if (m.get() == module.get()) return;
+    detail::setup_model<Policy, Device>(*module, "Precision", "before prec.setup(model)");
+    models_.push_back(module);
+  }
+
+  // Every parameter of `optimizer` belongs to a model set up or to `incoming`.
+  void check_owned(const torch::optim::Optimizer& optimizer, const torch::nn::Module& incoming) const {
+    std::vector<const c10::TensorImpl*> owned;
+    for (const auto& m : models_)
+      for (const auto& p : m->parameters()) owned.push_back(p.unsafeGetTensorImpl());
+    for (const auto& p : incoming.parameters()) owned.push_back(p.unsafeGetTensorImpl());
+    const auto& groups = optimizer.param_groups();
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (size_t i = 0; i < groups[g].params().size(); ++i)
+        TORCH_CHECK(std::find(owned.begin(), owned.end(), groups[g].params()[i].unsafeGetTensorImpl()) != owned.end(),
+                    "amp: setup(): parameter ", i, " of param group ", g, " of this optimizer belongs to no model "
+                    "that was set up; set up its model first (prec.setup(model)), or pass the model the optimizer trains");
+  }
+
+  size_t index_of(const torch::optim::Optimizer& optimizer, const char* what) const {
+    for (size_t k = 0; k < parts_.size(); ++k)
+      if (&parts_[k]->optimizer() == &optimizer) return k;
+    TORCH_CHECK(false, "amp: ", what, "(): this optimizer was not set up; call prec.setup(model, optimizer) first");
+  }
+
+  void check_between_iterations(const char* what) const {
+    for (size_t k = 0; k < stepped_.size(); ++k)
+      TORCH_CHECK(!stepped_[k], "amp: ", what, "() in the middle of an iteration: optimizer ", k,
+                  " stepped and update() has not run; call ", what, "() after prec.update()");
+  }
+
+  torch::serialize::OutputArchive archive_now() const {
+    std::vector<const torch::nn::Module*> modules;
+    std::vector<const torch::optim::Optimizer*> optimizers;
+    for (const auto& m : models_) modules.push_back(m.get());
+    for (const auto& part : parts_) {
+      part->sync_optimizer_state();  // the fused path's device step counters, into optimizer.state()
+      optimizers.push_back(&part->optimizer());
+    }
+    return detail::checkpoint_archive(precision, CheckpointCounters{steps_, 0, 0}, modules, optimizers, scaler_);
+  }
+
+  void apply(torch::serialize::InputArchive& archive) {
+    struct Reload {  // whatever happens, the fused paths reread the optimizers' state
+      std::vector<std::unique_ptr<detail::OptimizerStep<scaler_type>>>& parts;
+      ~Reload() {
+        for (auto& part : parts) part->reload_optimizer_state();
+      }
+    } reload{parts_};
+    std::vector<torch::nn::Module*> modules;
+    std::vector<torch::optim::Optimizer*> optimizers;
+    for (const auto& m : models_) modules.push_back(m.get());
+    for (const auto& part : parts_) optimizers.push_back(&part->optimizer());
+    steps_ = detail::apply_checkpoint(archive, modules, optimizers, scaler_).step;
+    std::fill(backward_.begin(), backward_.end(), false);
+  }
+
+  std::pair<std::vector<at::Tensor>, std::vector<std::string>> collect(bool params) const {
+    std::pair<std::vector<at::Tensor>, std::vector<std::string>> out;
+    for (size_t i = 0; i < models_.size(); ++i) {
+      const auto named = params ? models_[i]->named_parameters(true) : models_[i]->named_buffers(true);
+      for (const auto& kv : named) {
+        out.first.push_back(kv.value());
+        out.second.push_back(std::to_string(i) + "." + kv.key());
+      }
+    }
+    return out;
+  }
+
+  PrecisionOptions options_;
+  scaler_type scaler_;
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  // Per optimizer, in setup order: its part of the recipe, whether a
+  // backward() ran since its last step, whether it stepped since the last update().
+  std::vector<std::unique_ptr<detail::OptimizerStep<scaler_type>>> parts_;
+  std::vector<bool> backward_;
+  std::vector<bool> stepped_;
+  GradientSync* sync_ = nullptr;
+  int64_t steps_ = 0;
+};
+
+}  // namespace amp
