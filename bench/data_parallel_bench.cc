@@ -30,7 +30,8 @@ void run(benchmark::State& state, bool overlap) {
   torch::manual_seed(0);
   auto model = torch::nn::Sequential(torch::nn::Linear(512, 2048), torch::nn::ReLU(), torch::nn::Linear(2048, 512));
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-4));
-  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(model, opt, amp::TrainerOptions().progress(false));
+  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(model, opt,
+                                                                       amp::TrainerOptions().progress(false));
   std::optional<amp::ProcessGroup> pg;
   std::optional<amp::DataParallel> dp;
   int64_t rows = 512;

@@ -43,8 +43,8 @@ double peak_rss_mib() {
 
 // The hand-written step a careful user would write for policy P.
 template <class P>
-void hand_step(torch::nn::Sequential& model, torch::optim::Optimizer& opt, typename amp::policy_traits<P>::scaler_type& scaler,
-               const torch::Tensor& x, const torch::Tensor& y) {
+void hand_step(torch::nn::Sequential& model, torch::optim::Optimizer& opt,
+               typename amp::policy_traits<P>::scaler_type& scaler, const torch::Tensor& x, const torch::Tensor& y) {
   opt.zero_grad();
   torch::Tensor loss;
   if constexpr (amp::policy_traits<P>::uses_autocast) {
@@ -103,7 +103,8 @@ void BM_Mlp(benchmark::State& state) {
   trainer.step([&](auto&) { return torch::mse_loss(model->forward(x), y); });  // warm-up
   reset_peak_rss();
   for (auto _ : state) trainer.step([&](auto&) { return torch::mse_loss(model->forward(x), y); });
-  state.counters["steps_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["steps_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["peak_rss_MiB"] = peak_rss_mib();
   state.SetLabel(amp::policy_traits<P>::name);
 }
@@ -229,7 +230,11 @@ using Fp32 = amp::True<amp::fp32>;
 using Bf16Mixed = amp::Mixed<amp::bf16, amp::NoScaler>;
 
 BENCHMARK_TEMPLATE(BM_TrainerVsHandLoop, Fp32)->Arg(512)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
-BENCHMARK_TEMPLATE(BM_TrainerVsHandLoop, Bf16Mixed)->Arg(512)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK_TEMPLATE(BM_TrainerVsHandLoop, Bf16Mixed)
+    ->Arg(512)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
 BENCHMARK(BM_StepperVsHandScaler)->Arg(512)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(BM_StrictCasts)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(5.0);
 BENCHMARK(BM_StrictCastsSmallOps)->UseRealTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);

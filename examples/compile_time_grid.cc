@@ -26,7 +26,8 @@ double experiment() {
 int main() {
   // Our own grid: any hana::tuple_t of policies...
   constexpr auto grid = hana::tuple_t<amp::True<amp::fp32>, amp::Mixed<amp::bf16, amp::NoScaler>, amp::True<amp::fp64>>;
-  static_assert(hana::all_of(grid, [](auto p) { return hana::bool_c<amp::is_supported_v<typename decltype(p)::type, amp::CPU>>; }));
+  static_assert(hana::all_of(
+      grid, [](auto p) { return hana::bool_c<amp::is_supported_v<typename decltype(p)::type, amp::CPU>>; }));
   amp::for_each_policy(grid, [](auto p) {
     using P = typename decltype(p)::type;
     std::cout << amp::policy_traits<P>::name << ": final loss " << experiment<P>() << "\n";
@@ -34,9 +35,8 @@ int main() {
 
   // ...or every policy this LibTorch supports on the CPU, computed at compile time.
   std::cout << "supported on cpu:";
-  amp::for_each_policy(amp::supported_policies<amp::CPU>, [](auto p) {
-    std::cout << " " << amp::policy_traits<typename decltype(p)::type>::name;
-  });
+  amp::for_each_policy(amp::supported_policies<amp::CPU>,
+                       [](auto p) { std::cout << " " << amp::policy_traits<typename decltype(p)::type>::name; });
   std::cout << "\n";
 
   // Uncomment to see the static rule:

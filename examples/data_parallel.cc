@@ -18,7 +18,7 @@ int main() {
   auto model = torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 1));
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-2));
   amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(model, optimizer,
-                                                                      amp::TrainerOptions().progress(false));
+                                                                       amp::TrainerOptions().progress(false));
   amp::DataParallel dp(pg, trainer);  // rank 0's initial weights on every rank
 
   torch::manual_seed(0);  // the same global data on every rank; each takes its shard

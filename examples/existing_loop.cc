@@ -43,7 +43,8 @@ double train(torch::Device device, bool use_scaler) {
     torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     scaler.step(optimizer);  // amp: was optimizer.step(); skips the step on inf/NaN
     scaler.update();         // amp
-    if (step % 25 == 0) std::cout << "step " << step << " loss " << loss_value << " scale " << scaler.get_scale() << "\n";
+    if (step % 25 == 0)
+      std::cout << "step " << step << " loss " << loss_value << " scale " << scaler.get_scale() << "\n";
   }
   return loss_value;
 }

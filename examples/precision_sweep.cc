@@ -141,7 +141,9 @@ torch::optim::AdamWOptions optimizer_options(double eps) {
   return torch::optim::AdamWOptions(1e-3).weight_decay(0.0).eps(eps);
 }
 amp::TrainerOptions trainer_options() { return amp::TrainerOptions().max_grad_norm(1.0); }
-torch::Tensor loss_of(Mlp& model, const Batch& batch) { return torch::cross_entropy_loss(model(batch.first), batch.second); }
+torch::Tensor loss_of(Mlp& model, const Batch& batch) {
+  return torch::cross_entropy_loss(model(batch.first), batch.second);
+}
 
 template <class P, class Device>
 Row run_policy(const Config& cfg, const Task& task, torch::Device device) {
@@ -216,20 +218,22 @@ const Row* baseline(const std::vector<Row>& rows) {
 
 void print_table(const std::vector<Row>& rows, const Config& cfg) {
   const Row* base = baseline(rows);
-  std::cout << "\nprecision sweep on " << cfg.device << " (LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor
-            << "; MLP " << Task::kIn << "-" << cfg.hidden << "-" << cfg.hidden << "-" << Task::kClasses << ", batch "
-            << cfg.batch_size << ")\n";
+  std::cout << "\nprecision sweep on " << cfg.device << " (LibTorch " << amp::kLibTorchMajor << "."
+            << amp::kLibTorchMinor << "; MLP " << Task::kIn << "-" << cfg.hidden << "-" << cfg.hidden << "-"
+            << Task::kClasses << ", batch " << cfg.batch_size << ")\n";
   std::cout << std::left << std::setw(17) << "precision" << std::right << std::setw(11) << "final loss" << std::setw(10)
             << "accuracy" << std::setw(9) << "steps/s" << std::setw(10) << "speedup" << std::setw(13) << "peak memory"
-            << std::setw(9) << "skipped" << std::setw(12) << "loss scale" << "\n";
+            << std::setw(9) << "skipped" << std::setw(12) << "loss scale"
+            << "\n";
   std::cout << std::string(91, '-') << "\n";
   std::ostringstream notes;
   bool any_diverged = false;
   for (const auto& r : rows) {
     if (!r.error.empty()) {
-      std::cout << std::left << std::setw(17) << r.name << std::right << std::setw(11) << "failed" << std::setw(10) << "-"
-                << std::setw(9) << "-" << std::setw(10) << "-" << std::setw(13) << "-" << std::setw(9) << "-"
-                << std::setw(12) << "-" << "\n";
+      std::cout << std::left << std::setw(17) << r.name << std::right << std::setw(11) << "failed" << std::setw(10)
+                << "-" << std::setw(9) << "-" << std::setw(10) << "-" << std::setw(13) << "-" << std::setw(9) << "-"
+                << std::setw(12) << "-"
+                << "\n";
       notes << "(failed: " << r.name << ": " << r.error << ")\n";
       continue;
     }
@@ -320,12 +324,13 @@ void write_plot(const std::vector<Row>& rows, const Config& cfg, const std::stri
   gp << "set datafile separator ','\nset key autotitle columnhead\n"
      << "set terminal pngcairo size 1200," << (any_scaled ? 1150 : 820) << " noenhanced font ',10'\n"
      << "set output '" << png << "'\n"
-     << "set multiplot title 'amp precision sweep on " << cfg.device << ": MLP " << Task::kIn << "-" << cfg.hidden << "-"
-     << cfg.hidden << "-" << Task::kClasses << ", batch " << cfg.batch_size << ", " << cfg.steps
+     << "set multiplot title 'amp precision sweep on " << cfg.device << ": MLP " << Task::kIn << "-" << cfg.hidden
+     << "-" << cfg.hidden << "-" << Task::kClasses << ", batch " << cfg.batch_size << ", " << cfg.steps
      << " timed steps after " << cfg.warmup << " warm-up steps per policy'\n"
      << "set grid\n";
   // Panels in rows under the title band; the loss-scale row is the lowest.
-  const std::vector<double> heights = any_scaled ? std::vector<double>{0.37, 0.35, 0.24} : std::vector<double>{0.48, 0.48};
+  const std::vector<double> heights =
+      any_scaled ? std::vector<double>{0.37, 0.35, 0.24} : std::vector<double>{0.48, 0.48};
   auto place = [&](double x, size_t row, double w) {
     double y = 0.96;
     for (size_t i = 0; i <= row; ++i) y -= heights[i];
@@ -338,28 +343,33 @@ void write_plot(const std::vector<Row>& rows, const Config& cfg, const std::stri
   auto is = [&](const Row& r) { return "strcol(1) eq '" + r.name + "'"; };
 
   // (a) and (b): the loss curves, against the step and against the clock.
-  gp << "set logscale y\nset autoscale yfix\nset key top right opaque box\nset ylabel 'training loss (log)'\nset ytics (";
+  gp << "set logscale y\nset autoscale yfix\nset key top right opaque box\nset ylabel 'training loss (log)'\nset ytics "
+        "(";
   for (int e = -4; e <= 2; ++e)  // several tics per decade: a short loss range still gets some
-    for (double m : {1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0}) gp << (e == -4 && m == 1.0 ? "" : ", ") << m * std::pow(10.0, e);
+    for (double m : {1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0})
+      gp << (e == -4 && m == 1.0 ? "" : ", ") << m * std::pow(10.0, e);
   gp << ")\n";
   place(0, 0, 0.5);
   gp << "set title '(a) loss per optimizer step: what a step learns'\nset xlabel 'optimizer step'\nplot ";
   for (size_t i = 0; i < rows.size(); ++i)
-    gp << (i ? ", " : "") << "'" << csv << "' using 2:(" << is(rows[i]) << " ? $4 : 1/0) with lines" << style_of(i, rows[i])
-       << " title '" << title_of(rows[i]) << "'";
+    gp << (i ? ", " : "") << "'" << csv << "' using 2:(" << is(rows[i]) << " ? $4 : 1/0) with lines"
+       << style_of(i, rows[i]) << " title '" << title_of(rows[i]) << "'";
   gp << "\n";
   place(0.5, 0, 0.5);
   for (size_t i = 0; i < rows.size(); ++i) gp << "t" << i << " = 0\n";  // cumulative seconds per policy
   gp << "set title '(b) loss per wall-clock second (faster policies get there sooner)'\n"
         "set xlabel 'seconds (cumulative, timed steps only)'\nplot ";
   for (size_t i = 0; i < rows.size(); ++i)
-    gp << (i ? ", " : "") << "'" << csv << "' using (" << is(rows[i]) << " ? (t" << i << " = t" << i << " + $7) : 1/0):4 with lines"
-       << style_of(i, rows[i]) << " title '" << title_of(rows[i]) << "'";
+    gp << (i ? ", " : "") << "'" << csv << "' using (" << is(rows[i]) << " ? (t" << i << " = t" << i
+       << " + $7) : 1/0):4 with lines" << style_of(i, rows[i]) << " title '" << title_of(rows[i]) << "'";
   gp << "\n";
 
   // (c) and (d): one bar per policy, coloured like its curve, labelled with its value.
-  gp << "unset logscale y\nset ytics autofreq\nset autoscale y\nset yrange [0:*]\nset offsets 0, 0, graph 0.2, 0\nunset key\n"
-        "set style fill solid 0.6 border -1\nset xlabel ''\nset xrange [-0.6:" << rows.size() - 0.4 << "]\n"
+  gp << "unset logscale y\nset ytics autofreq\nset autoscale y\nset yrange [0:*]\nset offsets 0, 0, graph 0.2, "
+        "0\nunset key\n"
+        "set style fill solid 0.6 border -1\nset xlabel ''\nset xrange [-0.6:"
+     << rows.size() - 0.4
+     << "]\n"
         "set grid noxtics\n"
      << (rows.size() > 4 ? "set xtics rotate by 25 right\n" : "");
   const std::string xtic = "xtic($9 > 0 ? strcol(1).' (diverged)' : strcol(1))";
@@ -370,8 +380,8 @@ void write_plot(const std::vector<Row>& rows, const Config& cfg, const std::stri
      << "'' using 0:4:(valid(5) ? sprintf(\"%.3g\\n%.2fx\", $4, $5) : sprintf('%.3g', $4)) with labels offset 0,"
      << (baseline(rows) ? "1.8" : "0.8") << "\n";
   place(0.5, 1, 0.5);
-  gp << "set title '(d) peak memory (" << (cfg.device == "cuda" ? "CUDA allocator, training batches included" : "process RSS")
-     << ")'\n"
+  gp << "set title '(d) peak memory ("
+     << (cfg.device == "cuda" ? "CUDA allocator, training batches included" : "process RSS") << ")'\n"
      << "set ylabel 'MiB'\n"
      << "plot '" << summary << "' using 0:6:(0.6):($0 + 1):" << xtic << " with boxes lc variable, "
      << "'' using 0:6:(sprintf('%.0f', $6)) with labels offset 0,0.8\n";
@@ -430,9 +440,8 @@ std::vector<Row> sweep(const Config& cfg, const Task& task, torch::Device device
       rows.push_back(try_policy<P, Device>(cfg, task, device));
     });
   } else {
-    rows.push_back(amp::dispatch_precision<Device>(cfg.precision, [&](auto p) {
-      return try_policy<typename decltype(p)::type, Device>(cfg, task, device);
-    }));
+    rows.push_back(amp::dispatch_precision<Device>(
+        cfg.precision, [&](auto p) { return try_policy<typename decltype(p)::type, Device>(cfg, task, device); }));
   }
   return rows;
 }
@@ -444,20 +453,26 @@ int main(int argc, char** argv) {
   cfg.device = torch::cuda::is_available() ? "cuda" : "cpu";
   CLI::App app{"amp precision sweep: one model, every precision policy, one table"};
   std::string valid;
-  amp::for_each_policy([&](auto p) { valid += std::string(valid.empty() ? "" : ", ") + amp::policy_traits<typename decltype(p)::type>::name; });
-  app.add_option("--precision", cfg.precision, "run one policy by its precision string (" + valid + "; legacy 64, 32, 16, bf16)");
-  app.add_option("--device", cfg.device, "cpu or cuda (default: cuda when available)")->check(CLI::IsMember({"cpu", "cuda"}));
+  amp::for_each_policy([&](auto p) {
+    valid += std::string(valid.empty() ? "" : ", ") + amp::policy_traits<typename decltype(p)::type>::name;
+  });
+  app.add_option("--precision", cfg.precision,
+                 "run one policy by its precision string (" + valid + "; legacy 64, 32, 16, bf16)");
+  app.add_option("--device", cfg.device, "cpu or cuda (default: cuda when available)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--steps", cfg.steps, "timed optimizer steps per policy")->check(CLI::PositiveNumber);
   app.add_option("--warmup", cfg.warmup, "untimed warm-up steps per policy, on a throwaway model (default 5)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   auto* batch_opt = app.add_option("--batch-size", cfg.batch_size, "batch size (default: 256 on CPU, 4096 on CUDA)")
                         ->check(CLI::PositiveNumber);
-  auto* hidden_opt = app.add_option("--hidden", cfg.hidden, "hidden width of the MLP (default: 1024 on CPU, 4096 on CUDA)")
-                         ->check(CLI::PositiveNumber);
+  auto* hidden_opt =
+      app.add_option("--hidden", cfg.hidden, "hidden width of the MLP (default: 1024 on CPU, 4096 on CUDA)")
+          ->check(CLI::PositiveNumber);
   app.add_option("--seed", cfg.seed, "seed of the data and of the initial weights");
-  app.add_option("--csv", cfg.csv,
-                 "write per-step metrics (precision,step,epoch,loss,scale,skipped,seconds) here, and per-policy results "
-                 "next to it (sweep.csv -> sweep.summary.csv)");
+  app.add_option(
+      "--csv", cfg.csv,
+      "write per-step metrics (precision,step,epoch,loss,scale,skipped,seconds) here, and per-policy results "
+      "next to it (sweep.csv -> sweep.summary.csv)");
   app.add_option("--plot", cfg.plot, "render loss, throughput, memory and loss-scale panels to this PNG with gnuplot");
   CLI11_PARSE(app, argc, argv);
   // On CUDA a model big enough for tensor cores to show (on an H100 a batch of

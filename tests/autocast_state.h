@@ -35,9 +35,12 @@ inline std::ostream& operator<<(std::ostream& os, const State& s) {
 }
 inline State snapshot() {
   namespace compat = amp::detail::compat;
-  return {compat::autocast_enabled(c10::DeviceType::CPU), compat::autocast_enabled(c10::DeviceType::CUDA),
-          compat::autocast_dtype(c10::DeviceType::CPU),   compat::autocast_dtype(c10::DeviceType::CUDA),
-          compat::autocast_cache_enabled(),               nesting()};
+  return {compat::autocast_enabled(c10::DeviceType::CPU),
+          compat::autocast_enabled(c10::DeviceType::CUDA),
+          compat::autocast_dtype(c10::DeviceType::CPU),
+          compat::autocast_dtype(c10::DeviceType::CUDA),
+          compat::autocast_cache_enabled(),
+          nesting()};
 }
 // A fresh thread's state (measured on 1.13: CPU bf16, CUDA fp16, both off).
 inline const State kDefault{false, false, c10::ScalarType::BFloat16, c10::ScalarType::Half, true, 0};

@@ -32,9 +32,7 @@ using amp_test::nesting;
 using amp_test::snapshot;
 using amp_test::State;
 
-at::Tensor linear_out() {
-  return at::linear(at::ones({2, 4}), at::ones({3, 4}));
-}
+at::Tensor linear_out() { return at::linear(at::ones({2, 4}), at::ones({3, 4})); }
 
 // Every test starts and must end in the default state: a leaked guard would
 // otherwise show up as a failure in a later, unrelated test.

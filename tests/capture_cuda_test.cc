@@ -29,12 +29,12 @@
 
 namespace {
 
-using ::testing::HasSubstr;
 using amp_test::error_of;
+using ::testing::HasSubstr;
 using Batch = std::pair<torch::Tensor, torch::Tensor>;
 
-#define SKIP_WITHOUT_CUDA()                                                    \
-  do {                                                                         \
+#define SKIP_WITHOUT_CUDA()                                                                                           \
+  do {                                                                                                                \
     if (!AMP_WITH_CUDA || !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (or amp built without CUDA)"; \
   } while (0)
 
@@ -65,7 +65,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt o, const std::vector
 Batch batch_at(int i, int64_t rows = 32, bool inf = true) {
   torch::manual_seed(1000 + i);
   Batch b{torch::randn({rows, 64}), torch::randn({rows, 16})};
-  if (inf && i % 7 == 3) b.first[0][0] = (i % 2) ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  if (inf && i % 7 == 3)
+    b.first[0][0] = (i % 2) ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
   return {b.first.to(torch::kCUDA), b.second.to(torch::kCUDA)};
 }
 
@@ -75,7 +76,9 @@ struct Training {
   std::unique_ptr<torch::optim::Optimizer> opt;
   amp::Trainer<P, amp::CUDA> trainer;
   Training(Opt o, amp::TrainerOptions options = amp::TrainerOptions())
-      : model(make_model(1)), opt(make_optimizer(o, model->parameters())), trainer(model, *opt, options.progress(false), scaler()) {}
+      : model(make_model(1)),
+        opt(make_optimizer(o, model->parameters())),
+        trainer(model, *opt, options.progress(false), scaler()) {}
   static typename amp::Trainer<P, amp::CUDA>::scaler_type scaler() {
     if constexpr (amp::policy_traits<P>::uses_loss_scaling) {
       return amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.).growth_interval(10));
@@ -109,7 +112,8 @@ void expect_same(Training<P>& a, Training<P>& b) {
     ASSERT_EQ(sa.first.size(), sb.first.size()) << "parameter " << i;
     EXPECT_EQ(sa.second, sb.second) << "step count of parameter " << i;
     for (size_t k = 0; k < sa.first.size(); ++k)
-      EXPECT_TRUE(amp_test::same_state_tensor(sa.first[k], sb.first[k])) << "state tensor " << k << " of parameter " << i;
+      EXPECT_TRUE(amp_test::same_state_tensor(sa.first[k], sb.first[k]))
+          << "state tensor " << k << " of parameter " << i;
   }
 }
 
@@ -124,7 +128,8 @@ void replays_equal_eager_steps(Opt o, amp::TrainerOptions options) {
     const Batch b = batch_at(i, 32, inf);
     const amp::StepResult e = eager.eager(b);
     const amp::StepResult r = step(b);
-    EXPECT_TRUE(torch::equal(e.loss, r.loss) || (e.loss.isnan().item<bool>() && r.loss.isnan().item<bool>())) << "step " << i;
+    EXPECT_TRUE(torch::equal(e.loss, r.loss) || (e.loss.isnan().item<bool>() && r.loss.isnan().item<bool>()))
+        << "step " << i;
     if (e.found_inf.defined()) {
       ASSERT_TRUE(r.found_inf.defined());
       EXPECT_EQ(e.found_inf.item<float>() != 0, r.found_inf.item<float>() != 0) << "step " << i;
@@ -145,7 +150,8 @@ TEST(CaptureCuda, AdamFp16MixedEqualsEagerFusedOver200StepsWithInf) {
 
 TEST(CaptureCuda, SgdMomentumWithClippingEqualsEagerFused) {
   SKIP_WITHOUT_CUDA();
-  replays_equal_eager_steps<amp::Mixed<amp::fp16, amp::DynamicScaler>>(Opt::kSgd, amp::TrainerOptions().max_grad_norm(1.0));
+  replays_equal_eager_steps<amp::Mixed<amp::fp16, amp::DynamicScaler>>(Opt::kSgd,
+                                                                       amp::TrainerOptions().max_grad_norm(1.0));
 }
 
 TEST(CaptureCuda, AdamWBf16MixedEqualsEagerFused) {
@@ -220,7 +226,8 @@ TEST(CaptureCuda, UnsupportedConfigurationsSayWhy) {
   Training<amp::Mixed<amp::fp16, amp::DynamicScaler>> unfused(Opt::kAdam, amp::TrainerOptions().fused(false));
   EXPECT_THAT(error_of([&] { unfused.trainer.capture(unfused.fn(), batch_at(0)); }),
               HasSubstr("amp: capture() needs the fused, sync-free optimizer step"));
-  Training<amp::Mixed<amp::fp16, amp::DynamicScaler>> accumulating(Opt::kAdam, amp::TrainerOptions().accumulation_steps(2));
+  Training<amp::Mixed<amp::fp16, amp::DynamicScaler>> accumulating(Opt::kAdam,
+                                                                   amp::TrainerOptions().accumulation_steps(2));
   EXPECT_THAT(error_of([&] { accumulating.trainer.capture(accumulating.fn(), batch_at(0)); }),
               HasSubstr("accumulation_steps is 2"));
 }
@@ -271,7 +278,8 @@ TEST(CaptureCuda, CheckpointsMoveBetweenCapturedAndEager) {
   expect_same(reference, captured_after);
 
   first.trainer.load(path);
-  EXPECT_THAT(error_of([&] { step(batch_at(50)); }), HasSubstr("amp: the tensors this step was captured with were replaced (by trainer.load()"));
+  EXPECT_THAT(error_of([&] { step(batch_at(50)); }),
+              HasSubstr("amp: the tensors this step was captured with were replaced (by trainer.load()"));
   step.recapture();
   for (int i = 50; i < 100; ++i) step(batch_at(i));
   expect_same(reference, first);

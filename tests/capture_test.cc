@@ -69,11 +69,17 @@ TEST(StaticBatch, NamesTheTensorWhoseShapeDiffers) {
 
 TEST(StaticBatch, NamesDtypeAndDeviceDifferences) {
   StaticBatch<Pair> inputs(Pair{torch::zeros({2}), torch::zeros({2})}, kCpu);
-  EXPECT_THAT(error_of([&] { inputs.check(Pair{torch::zeros({2}, torch::kDouble), torch::zeros({2})}); }),
+  EXPECT_THAT(error_of([&] {
+                inputs.check(Pair{torch::zeros({2}, torch::kDouble), torch::zeros({2})});
+              }),
               AllOf(HasSubstr("batch.first"), HasSubstr("Float"), HasSubstr("Double")));
-  EXPECT_THAT(error_of([&] { inputs.check(Pair{torch::zeros({2}), torch::empty({2}, torch::kMeta)}); }),
+  EXPECT_THAT(error_of([&] {
+                inputs.check(Pair{torch::zeros({2}), torch::empty({2}, torch::kMeta)});
+              }),
               AllOf(HasSubstr("batch.second"), HasSubstr("on cpu"), HasSubstr("on meta")));
-  EXPECT_THAT(error_of([&] { inputs.check(Pair{torch::zeros({2}), at::Tensor()}); }),
+  EXPECT_THAT(error_of([&] {
+                inputs.check(Pair{torch::zeros({2}), at::Tensor()});
+              }),
               HasSubstr("amp: batch.second is an undefined tensor"));
 }
 
@@ -107,7 +113,8 @@ TEST(StaticBatch, VectorsTuplesArraysAndExamples) {
 // --- why a step cannot be captured ------------------------------------------------
 
 struct Net : torch::nn::Module {
-  Net() : fc1(register_module("fc1", torch::nn::Linear(8, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 4))) {}
+  Net()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 4))) {}
   torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
   torch::nn::Linear fc1, fc2;
 };
@@ -400,7 +407,9 @@ struct Training {
   std::unique_ptr<torch::optim::Optimizer> opt;
   amp::Trainer<P, amp::CPU> trainer;
   explicit Training(Opt o, amp::TrainerOptions options = amp::TrainerOptions())
-      : net(seeded()), opt(make_optimizer(o, net->parameters())), trainer(net, *opt, options.progress(false), scaler()) {}
+      : net(seeded()),
+        opt(make_optimizer(o, net->parameters())),
+        trainer(net, *opt, options.progress(false), scaler()) {}
   static std::shared_ptr<DropoutNet> seeded() {
     torch::manual_seed(1);
     return std::make_shared<DropoutNet>();
@@ -437,7 +446,8 @@ void expect_same(Training<P>& a, Training<P>& b) {
     EXPECT_EQ(sa.second, sb.second) << "step count of parameter " << i;
     ASSERT_EQ(sa.first.size(), sb.first.size()) << "parameter " << i;
     for (size_t k = 0; k < sa.first.size(); ++k)
-      EXPECT_TRUE(amp_test::same_state_tensor(sa.first[k], sb.first[k])) << "state tensor " << k << " of parameter " << i;
+      EXPECT_TRUE(amp_test::same_state_tensor(sa.first[k], sb.first[k]))
+          << "state tensor " << k << " of parameter " << i;
   }
 }
 
@@ -462,13 +472,13 @@ class Emulated : public ::testing::Test {
   }
 };
 
-TEST_F(Emulated, ReplaysEqualEagerFusedStepsBf16Adam) { replays_equal_eager<amp::Mixed<amp::bf16, amp::NoScaler>>(Opt::kAdam); }
+TEST_F(Emulated, ReplaysEqualEagerFusedStepsBf16Adam) {
+  replays_equal_eager<amp::Mixed<amp::bf16, amp::NoScaler>>(Opt::kAdam);
+}
 TEST_F(Emulated, ReplaysEqualEagerFusedStepsFp16SgdWithInfAndClipping) {
   replays_equal_eager<Scaled16>(Opt::kSgdDampened, amp::TrainerOptions().max_grad_norm(0.5));
 }
-TEST_F(Emulated, ReplaysEqualEagerFusedStepsFp16AdamWWithInf) {
-  replays_equal_eager<Scaled16>(Opt::kAdamW);
-}
+TEST_F(Emulated, ReplaysEqualEagerFusedStepsFp16AdamWWithInf) { replays_equal_eager<Scaled16>(Opt::kAdamW); }
 TEST_F(Emulated, ReplaysEqualEagerFusedStepsTrueFp32Sgd) { replays_equal_eager<amp::True<amp::fp32>>(Opt::kSgd); }
 
 TEST_F(Emulated, AnotherShapeOrAnOptionChangeIsAnErrorUntilRecapture) {
@@ -477,8 +487,9 @@ TEST_F(Emulated, AnotherShapeOrAnOptionChangeIsAnErrorUntilRecapture) {
   auto step = t.capture(batch_at(0));
   step(batch_at(1));
   EXPECT_EQ(t.trainer.steps(), 1);
-  EXPECT_THAT(error_of([&] { step(batch_at(2, 8)); }),
-              HasSubstr("amp: the step was captured for batch.first of shape [16, 8], Float on cpu, but got shape [8, 8]"));
+  EXPECT_THAT(
+      error_of([&] { step(batch_at(2, 8)); }),
+      HasSubstr("amp: the step was captured for batch.first of shape [16, 8], Float on cpu, but got shape [8, 8]"));
   EXPECT_EQ(t.trainer.steps(), 1) << "a refused batch trains nothing";
   step.recapture(batch_at(2, 8));
   step(batch_at(2, 8));
@@ -530,7 +541,8 @@ TEST_F(Emulated, CheckpointsMoveBetweenCapturedAndEager) {
   expect_same(reference, captured_after);
 
   first.trainer.load(path);
-  EXPECT_THAT(error_of([&] { step(batch_at(20)); }), HasSubstr("amp: the tensors this step was captured with were replaced (by trainer.load()"));
+  EXPECT_THAT(error_of([&] { step(batch_at(20)); }),
+              HasSubstr("amp: the tensors this step was captured with were replaced (by trainer.load()"));
   step.recapture();
   for (int i = 20; i < 40; ++i) step(batch_at(i));
   expect_same(reference, first);

@@ -95,7 +95,7 @@ void train_identical(amp::GradCompression compression, int64_t steps, double ada
   amp::DataParallel dp(pg, trainer, amp::DataParallelOptions().compression(compression));
   check(trainer.stepper().gradient_sync() == &dp, "DataParallel did not install itself");
   const torch::Tensor p0 = net->parameters().front();  // True<D>: the batches in D too
-  const torch::Tensor initial = p0.detach().clone();    // rank 0's, after the broadcast
+  const torch::Tensor initial = p0.detach().clone();   // rank 0's, after the broadcast
   for (int64_t s = 0; s < steps; ++s) {
     auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
     x = x.to(p0.scalar_type()), y = y.to(p0.scalar_type());
@@ -105,7 +105,8 @@ void train_identical(amp::GradCompression compression, int64_t steps, double ada
     check(!r.skipped() || amp::uses_loss_scaling_v<typename amp::Trainer<Policy, amp::CPU>::scaler_type>,
           "step " + std::to_string(s) + " skipped");
   }
-  check(dp.allreduces() == steps * dp.buckets(), "all-reduces " + std::to_string(dp.allreduces()) + " != steps * buckets");
+  check(dp.allreduces() == steps * dp.buckets(),
+        "all-reduces " + std::to_string(dp.allreduces()) + " != steps * buckets");
   check(!torch::equal(initial, p0.detach()), "the first parameter did not change");
   check_identical(dp, trainer, trainer.precision);
   std::cout << "PASS " << g_case << " " << trainer.precision << " world " << pg.world_size() << " buckets "
@@ -262,13 +263,15 @@ template <class Policy>
 void precision_two_models() {
   auto pg = init();
   torch::manual_seed(static_cast<uint64_t>(pg.rank()));  // different weights: the broadcast fixes them
-  auto gen = make_net(), disc = make_net(8);              // G: 16 -> 4; D: 16 -> 4, summed
+  auto gen = make_net(), disc = make_net(8);             // G: 16 -> 4; D: 16 -> 4, summed
   torch::optim::AdamW opt_g(gen->parameters(), torch::optim::AdamWOptions(1e-2));
   torch::optim::Adam opt_d(disc->parameters(), torch::optim::AdamOptions(1e-2));
   constexpr bool scaled = amp::policy_traits<Policy>::uses_loss_scaling;
   auto scaler = [] {  // a low scale: fp16 at 65536 overflows by itself on its first steps
-    if constexpr (scaled) return amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(256.0));
-    else return amp::NoScaler();
+    if constexpr (scaled)
+      return amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(256.0));
+    else
+      return amp::NoScaler();
   }();
   amp::Precision<Policy, amp::CPU> prec(amp::PrecisionOptions(), std::move(scaler));
   prec.setup(gen, opt_g);
@@ -282,7 +285,8 @@ void precision_two_models() {
     const auto d0 = disc->parameters().front().detach().clone(), g0 = gen->parameters().front().detach().clone();
     if (s == 3) scale_before = prec.scaler().get_scale();
     opt_d.zero_grad();
-    auto loss_d = prec.forward([&](auto&) { return (disc->forward(x) - disc->forward(gen->forward(x).detach())).pow(2).mean(); });
+    auto loss_d =
+        prec.forward([&](auto&) { return (disc->forward(x) - disc->forward(gen->forward(x).detach())).pow(2).mean(); });
     prec.backward(poison ? loss_d * std::numeric_limits<float>::infinity() : loss_d);
     prec.step(opt_d);
     opt_g.zero_grad();
@@ -402,8 +406,8 @@ void resume(const std::string& path, int64_t expect_steps) {
     trainer.step([&](auto&) { return torch::mse_loss(net->forward(x), y); });
   }
   check_identical(dp, trainer, "after resuming");
-  std::cout << "PASS " << g_case << " world " << pg.world_size() << " resumed at step " << expect_steps
-            << ", now " << trainer.steps() << std::endl;
+  std::cout << "PASS " << g_case << " world " << pg.world_size() << " resumed at step " << expect_steps << ", now "
+            << trainer.steps() << std::endl;
 }
 
 // No launcher: the rendezvous' errors (the caller sets the environment).
@@ -455,8 +459,10 @@ int main(int argc, char** argv) {
   if (a.empty()) fail("usage: distributed_test CASE [ARGS]");
   g_case = a[0];
   try {
-    if (g_case == "fp32") train_identical<amp::True<amp::fp32>>(amp::GradCompression::kNone, 20);
-    else if (g_case == "bf16") train_identical<amp::Mixed<amp::bf16, amp::NoScaler>>(amp::GradCompression::kNone, 20);
+    if (g_case == "fp32")
+      train_identical<amp::True<amp::fp32>>(amp::GradCompression::kNone, 20);
+    else if (g_case == "bf16")
+      train_identical<amp::Mixed<amp::bf16, amp::NoScaler>>(amp::GradCompression::kNone, 20);
     else if (g_case == "fp16") {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
       train_identical<amp::Mixed<amp::fp16, amp::DynamicScaler>>(amp::GradCompression::kNone, 20);
@@ -465,20 +471,34 @@ int main(int argc, char** argv) {
 #endif
     } else if (g_case == "compress_fp16" || g_case == "compress_bf16") {
       compress(g_case == "compress_fp16" ? amp::GradCompression::kFp16 : amp::GradCompression::kBf16);
-    } else if (g_case == "true_bf16") train_true<amp::bf16>(20);
-    else if (g_case == "true_fp16") train_true<amp::fp16>(20);
-    else if (g_case == "half_grads") half_grads();
-    else if (g_case == "parity") parity();
-    else if (g_case == "inf") inf_one_rank();
-    else if (g_case == "accumulate") accumulate();
-    else if (g_case == "precision") precision();
-    else if (g_case == "mismatch") mismatch();
-    else if (g_case == "fit") fit_shards();
-    else if (g_case == "train" && a.size() == 3) train_and_die(a[1], std::stoll(a[2]), "", -1);
-    else if (g_case == "die" && a.size() == 5) train_and_die(a[1], std::stoll(a[2]), a[3], std::stoll(a[4]));
-    else if (g_case == "resume" && a.size() == 3) resume(a[1], std::stoll(a[2]));
-    else if (g_case == "rendezvous_error" && a.size() == 2) rendezvous_error(a[1]);
-    else fail("unknown case or arguments");
+    } else if (g_case == "true_bf16")
+      train_true<amp::bf16>(20);
+    else if (g_case == "true_fp16")
+      train_true<amp::fp16>(20);
+    else if (g_case == "half_grads")
+      half_grads();
+    else if (g_case == "parity")
+      parity();
+    else if (g_case == "inf")
+      inf_one_rank();
+    else if (g_case == "accumulate")
+      accumulate();
+    else if (g_case == "precision")
+      precision();
+    else if (g_case == "mismatch")
+      mismatch();
+    else if (g_case == "fit")
+      fit_shards();
+    else if (g_case == "train" && a.size() == 3)
+      train_and_die(a[1], std::stoll(a[2]), "", -1);
+    else if (g_case == "die" && a.size() == 5)
+      train_and_die(a[1], std::stoll(a[2]), a[3], std::stoll(a[4]));
+    else if (g_case == "resume" && a.size() == 3)
+      resume(a[1], std::stoll(a[2]));
+    else if (g_case == "rendezvous_error" && a.size() == 2)
+      rendezvous_error(a[1]);
+    else
+      fail("unknown case or arguments");
   } catch (const std::exception& e) {
     fail(std::string("exception: ") + e.what());
   }

@@ -167,7 +167,8 @@ std::vector<torch::Tensor> train_gan(const amp::ProcessGroup* pg, int64_t iterat
     const auto z = torch::randn({32, 8}), real = torch::randn({32, 4}) + 1;
     opt_d.zero_grad();
     prec.backward(prec.forward([&](auto&) {
-      return torch::softplus(-disc->forward(real)).mean() + torch::softplus(disc->forward(gen->forward(z).detach())).mean();
+      return torch::softplus(-disc->forward(real)).mean() +
+             torch::softplus(disc->forward(gen->forward(z).detach())).mean();
     }));
     prec.step(opt_d);
     opt_g.zero_grad();

@@ -26,9 +26,9 @@
 
 namespace {
 
+using amp::detail::fused_kind;
 using amp::detail::FusedKind;
 using amp::detail::FusedStep;
-using amp::detail::fused_kind;
 namespace compat = amp::detail::compat;
 
 // --- parameters and gradients ------------------------------------------------
@@ -46,9 +46,9 @@ struct ParamSpec {
 };
 const std::vector<ParamSpec>& specs() {
   static const std::vector<ParamSpec> s = {
-      {{17, 33}, at::kFloat, false, 0, true}, {{64}, at::kFloat, false, 0, true},
+      {{17, 33}, at::kFloat, false, 0, true},    {{64}, at::kFloat, false, 0, true},
       {{2, 3, 4, 5}, at::kFloat, true, 0, true}, {{5, 3, 7}, at::kFloat, false, 1, true},
-      {{1}, at::kFloat, false, 1, true},       {{9, 4}, at::kDouble, false, 1, true},
+      {{1}, at::kFloat, false, 1, true},         {{9, 4}, at::kDouble, false, 1, true},
       {{3, 3}, at::kFloat, false, 1, false},
   };
   return s;
@@ -89,7 +89,8 @@ std::vector<at::Tensor> make_grads(const std::vector<at::Tensor>& params, int64_
 }
 
 void set_grads(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
-  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i].defined() ? grads[i].clone() : at::Tensor();
+  for (size_t i = 0; i < params.size(); ++i)
+    params[i].mutable_grad() = grads[i].defined() ? grads[i].clone() : at::Tensor();
 }
 
 // --- optimizer configurations ------------------------------------------------
@@ -308,8 +309,8 @@ Snapshot snapshot(Trial& r) {
 double compare_close(Trial& a, Trial& b, std::string* structure_error) {
   double worst = 0.0;
   if (a.opt->state().size() != b.opt->state().size())
-    *structure_error = "state sizes " + std::to_string(a.opt->state().size()) + " vs " +
-                       std::to_string(b.opt->state().size());
+    *structure_error =
+        "state sizes " + std::to_string(a.opt->state().size()) + " vs " + std::to_string(b.opt->state().size());
   for (size_t i = 0; i < a.params.size(); ++i) {
     worst = std::max(worst, rel_diff(a.params[i], b.params[i]));
     const StateView x = state_of(*a.opt, a.params[i]), y = state_of(*b.opt, b.params[i]);
@@ -532,8 +533,8 @@ TEST_P(Fused, MatchesLibTorchsOwnStep) {
       ASSERT_TRUE(structure.empty()) << "after step " << t << ": " << structure;
     }
     EXPECT_LE(worst, kBound);
-    std::printf("[ info ] %s on %s: %d steps, largest relative difference to LibTorch's step(): %.3g\n",
-                c.name.c_str(), c10::DeviceTypeName(device_).c_str(), kSteps, worst);
+    std::printf("[ info ] %s on %s: %d steps, largest relative difference to LibTorch's step(): %.3g\n", c.name.c_str(),
+                c10::DeviceTypeName(device_).c_str(), kSteps, worst);
     fused.fused->sync_to_optimizer();
     for (size_t i = 0; i < init.size(); ++i) {
       const StateView x = state_of(*ref.opt, ref.params[i]), y = state_of(*fused.opt, fused.params[i]);
@@ -731,7 +732,6 @@ TEST_P(Fused, RandomInfNanStepsMatchARunWithoutThem) {
 
 // --- no host sync -----------------------------------------------------------------------
 
-
 TEST_P(Fused, TwentyStepsReadNothingBackToTheHost) {
   for (const auto& c : supported()) {
     SCOPED_TRACE(c.name);
@@ -799,7 +799,7 @@ TEST_P(Fused, CheckpointsRoundTripBetweenFusedAndUnfused) {
       load(*b.opt, bytes);
       b.fused = std::make_unique<FusedStep>(*b.opt);
       Trial d(c, clone_params(a.params), true);  // a FusedStep that existed before the load
-      d.step(100);                            // ... and stepped, so it has device state to forget
+      d.step(100);                               // ... and stepped, so it has device state to forget
       for (size_t i = 0; i < init.size(); ++i) d.params[i].detach().copy_(a.params[i]);
       load(*d.opt, bytes);
       d.fused->reload_from_optimizer();

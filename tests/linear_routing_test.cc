@@ -275,10 +275,10 @@ TEST_F(LinearRoutingTest, LinearFnSeesEveryLinearOnAParameter) {
   const torch::Tensor x2 = torch::randn({6, 24}), x3 = torch::randn({3, 5, 24});
   CountingLinearFn fn;
   amp::Region<Bf16, amp::CPU> region;
-  (void)with_bias(x2);                                              // addmm(b, x, w.t())
-  (void)no_bias(x2);                                                // matmul(x, w.t())
-  (void)with_bias(x3);                                              // matmul(x, w.t()) += b
-  (void)torch::linear(x2, with_bias->weight, with_bias->bias);      // linear itself
+  (void)with_bias(x2);                                          // addmm(b, x, w.t())
+  (void)no_bias(x2);                                            // matmul(x, w.t())
+  (void)with_bias(x3);                                          // matmul(x, w.t()) += b
+  (void)torch::linear(x2, with_bias->weight, with_bias->bias);  // linear itself
   EXPECT_EQ(routed_calls, 4);
 }
 
@@ -289,14 +289,14 @@ TEST_F(LinearRoutingTest, OtherMatrixProductsAreNotRouted) {
   const torch::Tensor w = lin->weight, b = lin->bias;
   CountingLinearFn fn;
   amp::Region<Bf16, amp::CPU> region;
-  (void)torch::addmm(b, x, w.t(), /*beta=*/2);       // not a linear
+  (void)torch::addmm(b, x, w.t(), /*beta=*/2);  // not a linear
   (void)torch::addmm(b, x, w.t(), 1, /*alpha=*/0.5);
-  (void)torch::addmm(b, x, w.t().contiguous());      // a copy, not a view of the parameter
-  (void)x.matmul((w * 1).t());                       // the transpose of a non-leaf
-  (void)x.matmul(w.narrow(0, 0, 24).t());            // a view of a view
-  (void)torch::mm(x, w.t());                         // mm is not on F::linear's path
+  (void)torch::addmm(b, x, w.t().contiguous());  // a copy, not a view of the parameter
+  (void)x.matmul((w * 1).t());                   // the transpose of a non-leaf
+  (void)x.matmul(w.narrow(0, 0, 24).t());        // a view of a view
+  (void)torch::mm(x, w.t());                     // mm is not on F::linear's path
   const torch::Tensor plain = torch::randn({40, 24});
-  (void)x.matmul(plain.t());                         // no grad: autocast would not cache it either
+  (void)x.matmul(plain.t());  // no grad: autocast would not cache it either
   EXPECT_EQ(routed_calls, 0);
 }
 
@@ -304,8 +304,7 @@ TEST_F(LinearRoutingTest, OtherMatrixProductsAreNotRouted) {
 struct LinearInBackward : torch::autograd::Function<LinearInBackward> {
   static inline torch::nn::Linear* layer = nullptr;
   static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x * 1; }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
-                                                 torch::autograd::variable_list g) {
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
     return {(*layer)(g[0].narrow(1, 0, 24)).narrow(1, 0, 24).to(g[0].scalar_type())};
   }
 };

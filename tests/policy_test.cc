@@ -19,7 +19,6 @@ namespace hana = boost::hana;
 
 namespace {
 
-
 constexpr auto kDtypes = hana::tuple_t<amp::fp16, amp::bf16, amp::fp32, amp::fp64, amp::tf32>;
 constexpr auto kScalers = hana::tuple_t<amp::NoScaler, amp::StaticScaler, amp::DynamicScaler>;
 
@@ -33,7 +32,8 @@ std::map<std::string, Row> expected_table() {
   const bool cpu16 = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3);
   std::map<std::string, Row> t;
   for (std::string d : {"fp16", "bf16", "fp32", "fp64", "tf32"})
-    for (std::string s : {"NoScaler", "StaticScaler", "DynamicScaler"}) t["Mixed<" + d + ", " + s + ">"] = {false, false, false};
+    for (std::string s : {"NoScaler", "StaticScaler", "DynamicScaler"})
+      t["Mixed<" + d + ", " + s + ">"] = {false, false, false};
   t["Mixed<fp16, StaticScaler>"] = {true, cpu16, true};
   t["Mixed<fp16, DynamicScaler>"] = {true, cpu16, true};
   t["Mixed<bf16, NoScaler>"] = {true, true, true};
@@ -53,11 +53,12 @@ TEST(PolicyTable, EveryCombinationMatchesTheRules) {
     hana::for_each(kScalers, [&](auto s) {
       using S = typename decltype(s)::type;
       using P = amp::Mixed<D, S>;
-      actual["Mixed<" + dn + ", " + std::string(amp::detail::builtin_scaler<S>::name) + ">"] = {amp::is_valid_policy_v<P>, amp::is_supported_v<P, amp::CPU>,
-                                                               amp::is_supported_v<P, amp::CUDA>};
+      actual["Mixed<" + dn + ", " + std::string(amp::detail::builtin_scaler<S>::name) + ">"] = {
+          amp::is_valid_policy_v<P>, amp::is_supported_v<P, amp::CPU>, amp::is_supported_v<P, amp::CUDA>};
     });
     using T = amp::True<D>;
-    actual["True<" + dn + ">"] = {amp::is_valid_policy_v<T>, amp::is_supported_v<T, amp::CPU>, amp::is_supported_v<T, amp::CUDA>};
+    actual["True<" + dn + ">"] = {amp::is_valid_policy_v<T>, amp::is_supported_v<T, amp::CPU>,
+                                  amp::is_supported_v<T, amp::CUDA>};
   });
   const auto expected = expected_table();
   ASSERT_EQ(actual.size(), 20u);
@@ -78,7 +79,8 @@ static_assert(!amp::is_valid_policy_v<amp::fp16>);
 static_assert(!amp::is_valid_policy_v<amp::True<int>>);
 static_assert(!amp::is_valid_policy_v<amp::Mixed<amp::fp16, int>>);
 static_assert(!amp::is_supported_v<amp::True<amp::fp32>, int>);
-static_assert(amp::is_scaler_v<amp::NoScaler> && amp::is_scaler_v<amp::DynamicScaler> && amp::is_scaler_v<amp::StaticScaler>);
+static_assert(amp::is_scaler_v<amp::NoScaler> && amp::is_scaler_v<amp::DynamicScaler> &&
+              amp::is_scaler_v<amp::StaticScaler>);
 static_assert(!amp::is_scaler_v<int> && !amp::is_scaler_v<amp::fp16>);
 static_assert(amp::uses_loss_scaling_v<amp::DynamicScaler> && amp::uses_loss_scaling_v<amp::StaticScaler>);
 static_assert(!amp::uses_loss_scaling_v<amp::NoScaler>);
@@ -173,20 +175,21 @@ TYPED_TEST_SUITE(EverySupportedPolicy, amp::testing::PolicyTypes<decltype(amp::s
 
 TYPED_TEST(EverySupportedPolicy, ItsNameDispatchesBackToIt) {
   using P = TypeParam;
-  const bool same = amp::dispatch_precision<amp::CPU>(amp::policy_traits<P>::name, [](auto p) {
-    return std::is_same_v<typename decltype(p)::type, P>;
-  });
+  const bool same = amp::dispatch_precision<amp::CPU>(
+      amp::policy_traits<P>::name, [](auto p) { return std::is_same_v<typename decltype(p)::type, P>; });
   EXPECT_TRUE(same) << amp::policy_traits<P>::name;
 }
 
 TEST(DispatchPrecision, EveryStringReachesItsPolicy) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"64-true", "64-true"}, {"32-true", "32-true"}, {"bf16-mixed", "bf16-mixed"}, {"bf16-true", "bf16-true"},
-      {"64", "64-true"},      {"32", "32-true"},      {"bf16", "bf16-mixed"},      {"16-mixed", "16-mixed"},
-      {"16", "16-mixed"},     {"16-true", "16-true"}, {"tf32-true", "tf32-true"},  {"16-mixed-static", "16-mixed-static"}};
+      {"64-true", "64-true"},     {"32-true", "32-true"},     {"bf16-mixed", "bf16-mixed"},
+      {"bf16-true", "bf16-true"}, {"64", "64-true"},          {"32", "32-true"},
+      {"bf16", "bf16-mixed"},     {"16-mixed", "16-mixed"},   {"16", "16-mixed"},
+      {"16-true", "16-true"},     {"tf32-true", "tf32-true"}, {"16-mixed-static", "16-mixed-static"}};
   for (const auto& [in, out] : cases) {
     SCOPED_TRACE(in);
-    std::string reached = amp::dispatch_precision<amp::CUDA>(in, [](auto p) { return std::string(amp::policy_traits<typename decltype(p)::type>::name); });
+    std::string reached = amp::dispatch_precision<amp::CUDA>(
+        in, [](auto p) { return std::string(amp::policy_traits<typename decltype(p)::type>::name); });
     EXPECT_EQ(reached, out);
   }
   // A Mixed<bf16, NoScaler> type, not just its name, arrives.

@@ -336,7 +336,8 @@ TEST(Precision, SetupErrorsChangeNothing) {
   EXPECT_EQ(prec.num_models(), 2u);
   // LBFGS, fp64 parameters under a Mixed policy.
   torch::optim::LBFGS lbfgs(g.disc->parameters(), torch::optim::LBFGSOptions(0.1));
-  EXPECT_THAT(error_of([&] { prec.setup(g.disc, lbfgs); }), HasSubstr("amp: Precision steps each optimizer with step()"));
+  EXPECT_THAT(error_of([&] { prec.setup(g.disc, lbfgs); }),
+              HasSubstr("amp: Precision steps each optimizer with step()"));
   torch::nn::Linear wide(4, 4);
   wide->to(torch::kFloat64);
   EXPECT_THAT(error_of([&] { prec.setup(wide); }),
@@ -416,7 +417,8 @@ TEST(Precision, EvaluateRunsUnderThePolicyWithoutGradInEvalMode) {
   EXPECT_TRUE(torch::GradMode::is_enabled());
   EXPECT_FALSE(amp::detail::compat::autocast_enabled(c10::DeviceType::CPU));
   // Restored when fn throws, too.
-  EXPECT_THAT(error_of([&] { prec.evaluate([&](auto&) -> int { throw std::runtime_error("boom"); }); }), HasSubstr("boom"));
+  EXPECT_THAT(error_of([&] { prec.evaluate([&](auto&) -> int { throw std::runtime_error("boom"); }); }),
+              HasSubstr("boom"));
   EXPECT_TRUE(net->is_training());
   EXPECT_FALSE(frozen[1]->is_training());
   EXPECT_TRUE(torch::GradMode::is_enabled());

@@ -89,7 +89,8 @@ torch::Tensor forward_generic(R& region, const torch::Tensor& x, const torch::Te
   if constexpr (R::uses_autocast) {
     return region.template autocast<typename R::compute_type>([&] { return torch::matmul(x, w.t()); });
   } else {
-    return torch::matmul(region.template cast<typename R::param_type>(x), region.template cast<typename R::param_type>(w).t());
+    return torch::matmul(region.template cast<typename R::param_type>(x),
+                         region.template cast<typename R::param_type>(w).t());
   }
 }
 
@@ -311,11 +312,11 @@ TEST_F(RegionTest, Bf16FullPrecisionIsAnFp32Island) {
   bool enabled_inside = true;
   std::vector<ScalarType> seen;
   auto result = region.full_precision(
-      [&](const torch::Tensor& a32, const torch::Tensor& b32, const std::vector<torch::Tensor>& l, const torch::Tensor& i,
-          const torch::Tensor& d64, double scale, const std::string& tag) {
+      [&](const torch::Tensor& a32, const torch::Tensor& b32, const std::vector<torch::Tensor>& l,
+          const torch::Tensor& i, const torch::Tensor& d64, double scale, const std::string& tag) {
         enabled_inside = compat::autocast_enabled(DeviceType::CPU);
-        seen = {a32.scalar_type(), b32.scalar_type(), l[0].scalar_type(), l[1].scalar_type(), i.scalar_type(),
-                d64.scalar_type()};
+        seen = {a32.scalar_type(),  b32.scalar_type(), l[0].scalar_type(),
+                l[1].scalar_type(), i.scalar_type(),   d64.scalar_type()};
         EXPECT_EQ(scale, 2.0);
         EXPECT_EQ(tag, "loss");
         return std::make_tuple(torch::matmul(a32, b32) * scale, torch::softmax(a32, 1));
@@ -335,7 +336,8 @@ TEST_F(RegionTest, Bf16FullPrecisionIsAnFp32Island) {
   // (The bf16 input is made in an island too: a raw cast in the region itself
   // is what strict casts reject.)
   torch::Tensor leaf = torch::randn({4, 3}, torch::requires_grad());
-  const torch::Tensor narrow = region.full_precision([](const torch::Tensor& t) { return t.to(torch::kBFloat16); }, leaf);
+  const torch::Tensor narrow =
+      region.full_precision([](const torch::Tensor& t) { return t.to(torch::kBFloat16); }, leaf);
   region.full_precision([](const torch::Tensor& t) { return t.pow(2).sum(); }, narrow).backward();
   EXPECT_EQ(leaf.grad().scalar_type(), ScalarType::Float);
 }
@@ -361,7 +363,7 @@ TEST_F(RegionTest, TrueFp64IsInert) {
   const torch::Tensor x64 = region.cast<amp::fp64>(x);
   const torch::Tensor w64 = region.cast<amp::fp64>(w);
   EXPECT_EQ(torch::nn::functional::linear(x64, w64).scalar_type(), ScalarType::Double);
-  EXPECT_EQ(torch::matmul(x, w.t()).scalar_type(), ScalarType::Float);  // no autocast
+  EXPECT_EQ(torch::matmul(x, w.t()).scalar_type(), ScalarType::Float);       // no autocast
   EXPECT_EQ(region.cast<amp::bf16>(x).scalar_type(), ScalarType::BFloat16);  // any cast is allowed
   // full_precision never narrows fp64, and widens 16-bit tensors to fp32.
   EXPECT_EQ(region.full_precision([](const torch::Tensor& t) { return t * 2; }, x64).scalar_type(), ScalarType::Double);

@@ -160,11 +160,16 @@ std::pair<torch::Tensor, bool> reference_unscale(const torch::Tensor& grad, floa
 // NaN gradient skips the step, so its bits are never used.
 bool is_nan_at(const torch::Tensor& t, int64_t i) {
   switch (t.scalar_type()) {
-    case torch::kFloat: return std::isnan(t.data_ptr<float>()[i]);
-    case torch::kDouble: return std::isnan(t.data_ptr<double>()[i]);
-    case torch::kBFloat16: return std::isnan(static_cast<float>(t.data_ptr<c10::BFloat16>()[i]));
-    case torch::kHalf: return std::isnan(static_cast<float>(t.data_ptr<c10::Half>()[i]));
-    default: return false;
+    case torch::kFloat:
+      return std::isnan(t.data_ptr<float>()[i]);
+    case torch::kDouble:
+      return std::isnan(t.data_ptr<double>()[i]);
+    case torch::kBFloat16:
+      return std::isnan(static_cast<float>(t.data_ptr<c10::BFloat16>()[i]));
+    case torch::kHalf:
+      return std::isnan(static_cast<float>(t.data_ptr<c10::Half>()[i]));
+    default:
+      return false;
   }
 }
 
@@ -255,10 +260,8 @@ void unscale_trial(std::mt19937& rng, int64_t max_numel, int max_count = 6, cons
   }
   const float scale = random_scale(rng);
   const float inv = inv_of(scale);
-  const torch::Tensor inv_scale = torch::full({}, scale, torch::TensorOptions().device(device))
-                                      .to(torch::kDouble)
-                                      .reciprocal()
-                                      .to(torch::kFloat);
+  const torch::Tensor inv_scale =
+      torch::full({}, scale, torch::TensorOptions().device(device)).to(torch::kDouble).reciprocal().to(torch::kFloat);
   ASSERT_EQ(bits_of(inv_scale.item<float>()), bits_of(inv)) << "inv_scale of " << scale;
 
   std::vector<torch::Tensor> expected;
@@ -372,8 +375,10 @@ ReferenceScaler random_reference(std::mt19937& rng, bool extensions) {
   ref.growth_interval = std::uniform_int_distribution<int64_t>(1, 8)(rng);
   if (extensions) {
     ref.hysteresis = std::uniform_int_distribution<int64_t>(1, 4)(rng);
-    if (std::bernoulli_distribution(0.5)(rng)) ref.min_scale = std::ldexp(1.0, std::uniform_int_distribution<int>(-10, 10)(rng));
-    if (std::bernoulli_distribution(0.5)(rng)) ref.max_scale = ref.min_scale * std::ldexp(1.0, std::uniform_int_distribution<int>(0, 40)(rng)) + 3.0;
+    if (std::bernoulli_distribution(0.5)(rng))
+      ref.min_scale = std::ldexp(1.0, std::uniform_int_distribution<int>(-10, 10)(rng));
+    if (std::bernoulli_distribution(0.5)(rng))
+      ref.max_scale = ref.min_scale * std::ldexp(1.0, std::uniform_int_distribution<int>(0, 40)(rng)) + 3.0;
   }
   ref.hysteresis_left = static_cast<int32_t>(ref.hysteresis);
   return ref;
@@ -398,11 +403,11 @@ void update_trajectory_trial(std::mt19937& rng, bool extensions) {
   const double p = std::uniform_real_distribution<double>(0.0, 0.6)(rng);
   for (int step = 0; step < 100; ++step) {
     const float found = random_found(rng, p);
-    amp::detail::portable_update_scale_(scale, tracker, torch::full({}, found), ref.growth_factor,
-                                        ref.backoff_factor, ref.growth_interval, ext);
+    amp::detail::portable_update_scale_(scale, tracker, torch::full({}, found), ref.growth_factor, ref.backoff_factor,
+                                        ref.growth_interval, ext);
     ref.update(found);
-    ASSERT_EQ(bits_of(scale.item<float>()), bits_of(ref.scale)) << "step " << step << ": " << scale.item<float>()
-                                                                 << " vs " << ref.scale;
+    ASSERT_EQ(bits_of(scale.item<float>()), bits_of(ref.scale))
+        << "step " << step << ": " << scale.item<float>() << " vs " << ref.scale;
     ASSERT_EQ(tracker.item<int32_t>(), ref.tracker) << "step " << step;
     if (ref.hysteresis > 1) {
       ASSERT_EQ(hysteresis_left.item<int32_t>(), ref.hysteresis_left) << "step " << step;

@@ -529,10 +529,12 @@ TEST(DynamicScaler, PythonStateDictErrorsAreTheSame) {
   c10::impl::GenericDict state = python_state("python_grad_scaler_stdlib.torchsave");
   (void)state.erase("growth_interval");
   amp::GradScaler scaler;
-  EXPECT_EQ(error_of([&] { scaler.load_state_dict(state); }), "amp: the scaler state dict has no key 'growth_interval'");
+  EXPECT_EQ(error_of([&] { scaler.load_state_dict(state); }),
+            "amp: the scaler state dict has no key 'growth_interval'");
   c10::impl::GenericDict bad(c10::AnyType::get(), c10::AnyType::get());
   bad.insert(int64_t{1}, 2.0);
-  EXPECT_THAT(error_of([&] { scaler.load_state_dict(bad); }), ::testing::HasSubstr("amp: a scaler state dict's keys are strings"));
+  EXPECT_THAT(error_of([&] { scaler.load_state_dict(bad); }),
+              ::testing::HasSubstr("amp: a scaler state dict's keys are strings"));
 }
 
 std::set<std::string> keys_of(const amp::StateDict& state) {
@@ -697,7 +699,8 @@ TEST(DynamicScaler, OptionsAreValidated) {
   EXPECT_EQ(message(O().backoff_factor(0.0)), "amp: DynamicScalerOptions::backoff_factor must be in (0, 1), got 0");
   EXPECT_EQ(message(O().growth_interval(0)), "amp: DynamicScalerOptions::growth_interval must be >= 1, got 0");
   EXPECT_EQ(message(O().init_scale(0.0)), "amp: DynamicScalerOptions::init_scale must be finite and > 0, got 0");
-  EXPECT_THAT(message(O().init_scale(-1.0)), StartsWith("amp: DynamicScalerOptions::init_scale must be finite and > 0"));
+  EXPECT_THAT(message(O().init_scale(-1.0)),
+              StartsWith("amp: DynamicScalerOptions::init_scale must be finite and > 0"));
   EXPECT_THAT(message(O().init_scale(std::numeric_limits<double>::infinity())),
               StartsWith("amp: DynamicScalerOptions::init_scale must be finite and > 0"));
   EXPECT_EQ(message(O().hysteresis(0)),
@@ -750,7 +753,7 @@ TEST(DynamicScalerExtensions, HysteresisBacksOffAfterNConsecutiveOverflows) {
   EXPECT_EQ(scaler.get_hysteresis_tracker(), 2);
   EXPECT_EQ(scaler.get_growth_tracker(), 0);
   EXPECT_TRUE(torch::equal(h.param.detach(), torch::full({4}, -1.0f / 64)));  // only the clean step stepped
-  h.iterate(scaler, true);  // absorbed (2 -> 1)
+  h.iterate(scaler, true);                                                    // absorbed (2 -> 1)
   EXPECT_EQ(scaler.get_scale(), 64.0);
   EXPECT_EQ(scaler.get_hysteresis_tracker(), 1);
   h.iterate(scaler, true);  // third consecutive: back off, the counter stays at 1

@@ -24,7 +24,9 @@ struct Fixture {
     y = torch::randn({64, 2});
   }
   torch::Tensor loss() { return torch::mse_loss(net->forward(x), y); }
-  torch::Tensor loss(int64_t begin, int64_t n) { return torch::mse_loss(net->forward(x.narrow(0, begin, n)), y.narrow(0, begin, n)); }
+  torch::Tensor loss(int64_t begin, int64_t n) {
+    return torch::mse_loss(net->forward(x.narrow(0, begin, n)), y.narrow(0, begin, n));
+  }
 };
 
 std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& ts) {
@@ -56,7 +58,8 @@ TEST(StepperDynamic, InfOrNanLossSkipsTheStepBacksOffAndTrainingContinues) {
     SCOPED_TRACE(poison);
     Fixture f;
     torch::optim::Adam opt(f.net->parameters(), torch::optim::AdamOptions(1e-2));
-    amp::Stepper<amp::DynamicScaler> stepper(opt, {}, amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.0)));
+    amp::Stepper<amp::DynamicScaler> stepper(opt, {},
+                                             amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.0)));
     auto r0 = stepper.step(f.loss());  // a clean step creates Adam's state
     ASSERT_TRUE(r0.boundary);
     EXPECT_FALSE(r0.skipped());
@@ -152,7 +155,8 @@ TEST(StepperDynamic, AccumulationEqualsOneBigBatch) {
 TEST(StepperDynamic, GrowsAfterGrowthIntervalCleanSteps) {
   Fixture f;
   torch::optim::SGD opt(f.net->parameters(), torch::optim::SGDOptions(0.01));
-  amp::Stepper<amp::DynamicScaler> stepper(opt, {}, amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(4.0).growth_interval(3)));
+  amp::Stepper<amp::DynamicScaler> stepper(
+      opt, {}, amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(4.0).growth_interval(3)));
   std::vector<double> scales;
   for (int i = 0; i < 7; ++i) {
     stepper.step(f.loss());

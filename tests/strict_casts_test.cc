@@ -78,8 +78,9 @@ TEST_F(StrictCastsTest, ManualBf16AndHalfCastsThrowWithTheAmpMessage) {
   EXPECT_NE(error_of([&] { (void)x.type_as(bf16_tensor); }).find("aten::type_as"), std::string::npos);
   EXPECT_NE(error_of([&] { (void)at::_to_copy(x, torch::kBFloat16); }).find("aten::_to_copy"), std::string::npos);
   // Integer tensors are cast too (masks, labels): the rule is about the dtype.
-  EXPECT_EQ(error_of([&] { (void)torch::ones({2}, torch::kLong).to(torch::kBFloat16); })
-                .rfind("amp: manual cast to BFloat16 (aten::to.dtype from Long", 0),
+  EXPECT_EQ(error_of([&] {
+              (void)torch::ones({2}, torch::kLong).to(torch::kBFloat16);
+            }).rfind("amp: manual cast to BFloat16 (aten::to.dtype from Long", 0),
             0u);
 }
 
@@ -90,9 +91,9 @@ TEST_F(StrictCastsTest, CastsInsideOtherOpsAreNotFlagged) {
   Bf16Region region(StrictCasts::kThrow);
   const auto y = linear(x);  // bf16
   torch::Tensor r;
-  ASSERT_NO_THROW(r = y * 2);                                   // Long scalar -> bf16 inside mul
+  ASSERT_NO_THROW(r = y * 2);  // Long scalar -> bf16 inside mul
   EXPECT_EQ(r.scalar_type(), torch::kBFloat16);
-  ASSERT_NO_THROW(r = y + torch::ones({}, torch::kLong));       // 0-dim Long tensor promoted to bf16
+  ASSERT_NO_THROW(r = y + torch::ones({}, torch::kLong));  // 0-dim Long tensor promoted to bf16
   EXPECT_EQ(r.scalar_type(), torch::kBFloat16);
   ASSERT_NO_THROW(r = y.pow(2).mean());
   ASSERT_NO_THROW(r = torch::where(y > 0, y, torch::zeros_like(y)));
@@ -302,9 +303,8 @@ TEST(StrictCastsTrainer, AManualCastInTheForwardThrowsAndLeavesNoCheckBehind) {
       model, opt, amp::TrainerOptions().strict_casts(StrictCasts::kThrow).progress(false));
   const auto x = torch::randn({4, 8});
   const auto before = model->weight.detach().clone();
-  const std::string msg = error_of([&] {
-    trainer.step([&](auto&) { return model(x.to(torch::kBFloat16)).to(torch::kFloat).pow(2).mean(); });
-  });
+  const std::string msg = error_of(
+      [&] { trainer.step([&](auto&) { return model(x.to(torch::kBFloat16)).to(torch::kFloat).pow(2).mean(); }); });
   EXPECT_EQ(msg.rfind("amp: manual cast to BFloat16 (aten::to.dtype from Float", 0), 0u) << msg;
   EXPECT_TRUE(torch::equal(model->weight, before));
   EXPECT_FALSE(key_included());

@@ -199,8 +199,8 @@ TEST(Trainer, AccumulationMatchesOneLargeBatch) {
     torch::manual_seed(5);
     auto net = std::make_shared<Net>();
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.5));
-    amp::Trainer<amp::True<amp::fp64>, amp::CPU> trainer(net, opt,
-                                                         amp::TrainerOptions().accumulation_steps(micro).progress(false));
+    amp::Trainer<amp::True<amp::fp64>, amp::CPU> trainer(
+        net, opt, amp::TrainerOptions().accumulation_steps(micro).progress(false));
     const int64_t b = 64 / micro;
     for (int step = 0; step < 3; ++step)
       for (int64_t m = 0; m < micro; ++m) {
@@ -222,7 +222,8 @@ TEST(Trainer, ClipsToMaxGradNorm) {
   torch::manual_seed(2);
   auto net = std::make_shared<Net>();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.0));
-  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().max_grad_norm(1e-3).progress(false));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt,
+                                                       amp::TrainerOptions().max_grad_norm(1e-3).progress(false));
   trainer.step([&](auto& region) { return loss_of(region, *net, data.x, data.y); });
   double sq = 0;
   for (const auto& p : net->parameters()) sq += p.grad().pow(2).sum().item<double>();
@@ -255,7 +256,8 @@ struct TrainRun {
 
 template <class P>
 class CheckpointPolicies : public ::testing::Test {};
-using CheckpointTypes = ::testing::Types<amp::True<amp::fp32>, amp::Mixed<amp::bf16, amp::NoScaler>, amp::True<amp::fp64>>;
+using CheckpointTypes =
+    ::testing::Types<amp::True<amp::fp32>, amp::Mixed<amp::bf16, amp::NoScaler>, amp::True<amp::fp64>>;
 TYPED_TEST_SUITE(CheckpointPolicies, CheckpointTypes, amp::testing::PolicyNames);
 
 TYPED_TEST(CheckpointPolicies, ResumeIsBitwiseIdentical) {
@@ -451,7 +453,9 @@ TEST(Fit, TrainsOverALoaderRecordsHistoryAndResumesMidEpochBitwise) {
   };
   using T = amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
   auto fn = [](std::shared_ptr<Net> net) {
-    return [net](T::region_type&, auto& batch) { return torch::cross_entropy_loss(net->forward(batch.data), batch.target); };
+    return [net](T::region_type&, auto& batch) {
+      return torch::cross_entropy_loss(net->forward(batch.data), batch.target);
+    };
   };
   auto loader_options = torch::data::DataLoaderOptions().batch_size(32);
 
@@ -496,7 +500,9 @@ TEST(TrainerErrors, MixedRejectsNonFp32Parameters) {
     FAIL();
   } catch (const c10::Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("amp: bf16-mixed keeps parameters in fp32, but parameter 'weight' is BFloat16"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("amp: bf16-mixed keeps parameters in fp32, but parameter 'weight' is BFloat16"),
+              std::string::npos)
+        << msg;
     EXPECT_NE(msg.find("model->to(torch::kFloat32)"), std::string::npos) << msg;
   }
 }
@@ -518,7 +524,8 @@ TEST(TrainerErrors, CudaTrainerWithoutCudaFailsClearly) {
     amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CUDA> t(lin, opt);
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("amp: Trainer<bf16-mixed, amp::CUDA> needs a cuda device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("amp: Trainer<bf16-mixed, amp::CUDA> needs a cuda device"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -529,7 +536,8 @@ TEST(TrainerErrors, LbfgsWithALossScalingPolicyFailsClearly) {
     amp::Trainer<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA> t(lin, opt);
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("amp: a closure-based optimizer (LBFGS) cannot be used with the loss-scaling policy \"16-mixed\""),
+    EXPECT_NE(std::string(e.what()).find(
+                  "amp: a closure-based optimizer (LBFGS) cannot be used with the loss-scaling policy \"16-mixed\""),
               std::string::npos)
         << e.what();
   }

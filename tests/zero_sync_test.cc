@@ -125,7 +125,8 @@ TEST(ZeroSync, Bf16MixedTwentyStepsReadNothing) { expect_zero_reads<amp::Mixed<a
 TEST(ZeroSync, UnfusedPathCountsOnOldLibTorch) {
   if (kFusedCpu) GTEST_SKIP() << "the fused path serves CPU on this LibTorch";
   Model r = make_run(Opt::kAdam);
-  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(r.net, *r.opt, amp::TrainerOptions().progress(false));
+  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(r.net, *r.opt,
+                                                                       amp::TrainerOptions().progress(false));
   EXPECT_FALSE(trainer.fused());
   const auto x = batch_x(0), y = torch::randint(0, 4, {64}, torch::kLong);
   ScalarReads reads;

@@ -15,7 +15,8 @@ template <class P>
 std::string type_name() {
   using T = amp::policy_traits<P>;
   if constexpr (amp::is_mixed_v<P>)
-    return "`Mixed<" + dtype_name<typename T::compute_type>() + ", " + std::string(amp::detail::builtin_scaler<typename T::scaler_type>::name) + ">`";
+    return "`Mixed<" + dtype_name<typename T::compute_type>() + ", " +
+           std::string(amp::detail::builtin_scaler<typename T::scaler_type>::name) + ">`";
   else
     return "`True<" + dtype_name<typename T::compute_type>() + ">`";
 }
@@ -28,13 +29,15 @@ int main() {
     using P = typename decltype(p)::type;
     using T = amp::policy_traits<P>;
     // tf32 is fp32 storage with TensorFloat-32 matmul/conv math.
-    const std::string params = std::is_same_v<typename T::param_type, amp::tf32> ? "fp32" : dtype_name<typename T::param_type>();
+    const std::string params =
+        std::is_same_v<typename T::param_type, amp::tf32> ? "fp32" : dtype_name<typename T::param_type>();
     const std::string compute = std::is_same_v<typename T::compute_type, amp::tf32> ? "tf32 (matmul/conv)"
                                 : T::uses_autocast ? dtype_name<typename T::compute_type>() + " (autocast)"
                                                    : dtype_name<typename T::compute_type>();
     std::cout << "| " << type_name<P>() << " | `" << T::name << "` | " << params << " | " << compute << " | "
-              << std::string(amp::detail::builtin_scaler<typename T::scaler_type>::name) << " | " << (amp::is_supported_v<P, amp::CPU> ? "yes" : "no")
-              << " | " << (amp::is_supported_v<P, amp::CUDA> ? "yes" : "no") << " |\n";
+              << std::string(amp::detail::builtin_scaler<typename T::scaler_type>::name) << " | "
+              << (amp::is_supported_v<P, amp::CPU> ? "yes" : "no") << " | "
+              << (amp::is_supported_v<P, amp::CUDA> ? "yes" : "no") << " |\n";
   });
   std::cout << "\n(computed for LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor << ")\n";
   return 0;

@@ -66,7 +66,8 @@ constexpr c10::DeviceType device_type_or_cpu() {
 // autocast(enabled=False) without a dtype: torch then re-sets the current one.
 class AutocastState {
  public:
-  AutocastState(c10::DeviceType device, bool enabled, std::optional<c10::ScalarType> dtype, std::optional<bool> cache_enabled)
+  AutocastState(c10::DeviceType device, bool enabled, std::optional<c10::ScalarType> dtype,
+                std::optional<bool> cache_enabled)
       : device_(device),
         prev_enabled_(compat::autocast_enabled(device)),
         prev_dtype_(compat::autocast_dtype(device)),
@@ -160,7 +161,9 @@ decltype(auto) autocast(F&& fn) {
 //   { amp::AutocastDisabled<amp::CPU> island; auto p = torch::softmax(logits.to(torch::kFloat), 1); }
 template <class Device>
 class AutocastDisabled {
-  static_assert(is_device_v<Device>, "amp: AutocastDisabled<Device> needs a device tag; use amp::AutocastDisabled<amp::CPU> or amp::AutocastDisabled<amp::CUDA>");
+  static_assert(is_device_v<Device>,
+                "amp: AutocastDisabled<Device> needs a device tag; use amp::AutocastDisabled<amp::CPU> or "
+                "amp::AutocastDisabled<amp::CUDA>");
 
  public:
   using device = Device;

@@ -209,7 +209,8 @@ class NoCudaRecorder {
 
  private:
   [[noreturn]] static void fail() {
-    TORCH_CHECK(false, "amp: capture() needs a LibTorch built with CUDA (this one has no CUDA graphs) and amp built "
+    TORCH_CHECK(false,
+                "amp: capture() needs a LibTorch built with CUDA (this one has no CUDA graphs) and amp built "
                 "with AMP_WITH_CUDA=1; train with trainer.step(fn)");
   }
 };
@@ -338,7 +339,7 @@ class CapturedStep {
       options_ = detail::CapturedOptions(trainer_->stepper_.optimizer());
       result_ = recorder_.record([&] { return run_step(); });
       for (at::Tensor& g : current_grads()) keep_.push_back(g);  // the graph's own (its pool)
-      trainer_->stepper_.set_steps(steps);  // recording ran no step
+      trainer_->stepper_.set_steps(steps);                       // recording ran no step
       generation_ = trainer_->generation_;
       captured_ = true;
     } catch (const std::exception& e) {

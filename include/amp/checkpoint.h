@@ -110,7 +110,8 @@ inline torch::serialize::InputArchive open_checkpoint(const std::string& path, c
     archive.load_from(path, device);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "amp: could not read checkpoint '", path,
-                "' (missing, truncated or not a checkpoint written by amp::", who, "::save): ", e.what_without_backtrace());
+                "' (missing, truncated or not a checkpoint written by amp::", who,
+                "::save): ", e.what_without_backtrace());
   }
   c10::IValue format, name;
   TORCH_CHECK(archive.try_read("amp/format", format) && archive.try_read("amp/precision", name), "amp: '", path,
@@ -118,9 +119,9 @@ inline torch::serialize::InputArchive open_checkpoint(const std::string& path, c
   TORCH_CHECK(format.isInt() && format.toInt() == kCheckpointFormat, "amp: checkpoint '", path, "' has format ", format,
               ", this amp reads format ", kCheckpointFormat);
   TORCH_CHECK(name.isString() && name.toStringRef() == precision, "amp: checkpoint '", path,
-              "' was saved under precision \"", name.isString() ? name.toStringRef() : std::string("?"),
-              "\" but this ", who, "'s policy is \"", precision,
-              "\"; load it into a ", who, " of that policy (see amp::dispatch_precision), or start from the model "
+              "' was saved under precision \"", name.isString() ? name.toStringRef() : std::string("?"), "\" but this ",
+              who, "'s policy is \"", precision, "\"; load it into a ", who,
+              " of that policy (see amp::dispatch_precision), or start from the model "
               "weights alone with torch::load");
   return archive;
 }
@@ -174,8 +175,8 @@ CheckpointCounters apply_checkpoint(torch::serialize::InputArchive& archive,
               "amp: the checkpoint holds one model and optimizer (amp::Trainer::save); load it with amp::Trainer");
   TORCH_CHECK(n_models.toInt() == static_cast<int64_t>(modules.size()) &&
                   n_optimizers.toInt() == static_cast<int64_t>(optimizers.size()),
-              "amp: the checkpoint holds ", n_models.toInt(), " models and ", n_optimizers.toInt(),
-              " optimizers, but ", modules.size(), " models and ", optimizers.size(),
+              "amp: the checkpoint holds ", n_models.toInt(), " models and ", n_optimizers.toInt(), " optimizers, but ",
+              modules.size(), " models and ", optimizers.size(),
               " optimizers are set up; set up the same ones, in the same order, before load()");
   for (size_t i = 0; i < modules.size(); ++i) {
     torch::serialize::InputArchive model;

@@ -34,8 +34,8 @@ template <>
 struct device_traits<CPU> {
   static constexpr c10::DeviceType device_type = c10::DeviceType::CPU;
   static constexpr c10::DispatchKey autocast_key = c10::DispatchKey::AutocastCPU;
-  static constexpr const char* name = "cpu";           // torch.device's spelling
-  static constexpr const char* tag = "amp::CPU";       // the tag, as a user writes it
+  static constexpr const char* name = "cpu";      // torch.device's spelling
+  static constexpr const char* tag = "amp::CPU";  // the tag, as a user writes it
   static constexpr const char* torch_name = "torch::kCPU";
   // _amp_foreach_non_finite_check_and_unscale_ and _amp_update_scale_ run here.
   static constexpr bool has_amp_kernels = detail::compat::kCpuHasAmpKernels;

@@ -66,18 +66,18 @@ namespace detail {
 template <class T, class = void>
 struct has_stepper : std::false_type {};
 template <class T>
-struct has_stepper<T, std::void_t<decltype(std::declval<T&>().stepper().set_gradient_sync(nullptr))>>
-    : std::true_type {};
+struct has_stepper<T, std::void_t<decltype(std::declval<T&>().stepper().set_gradient_sync(nullptr))>> : std::true_type {
+};
 
 // One flat all-reduce buffer for a run of same-dtype parameters.
 struct Bucket {
-  at::Tensor flat;                // the gradients, side by side
-  at::Tensor comm;                // what is all-reduced (flat, or its fp16/bf16 copy)
-  std::vector<size_t> params;     // indices into DataParallel's parameters
-  std::vector<int64_t> offsets;   // each parameter's offset in flat
-  std::vector<bool> ready;        // per parameter: its gradient is in flat
-  size_t pending = 0;             // parameters not ready yet
-  bool divided = false;           // comm was divided by the world size before the sum (compression)
+  at::Tensor flat;               // the gradients, side by side
+  at::Tensor comm;               // what is all-reduced (flat, or its fp16/bf16 copy)
+  std::vector<size_t> params;    // indices into DataParallel's parameters
+  std::vector<int64_t> offsets;  // each parameter's offset in flat
+  std::vector<bool> ready;       // per parameter: its gradient is in flat
+  size_t pending = 0;            // parameters not ready yet
+  bool divided = false;          // comm was divided by the world size before the sum (compression)
   c10::intrusive_ptr<c10d::Work> work;
 };
 }  // namespace detail
@@ -123,8 +123,9 @@ class DataParallel : public GradientSync {
 
   // GradientSync: the Stepper's calls around each micro-batch's backward.
   void begin_backward(bool boundary) override {
-    TORCH_CHECK(!in_flight(), "amp: DataParallel::begin_backward() while the previous boundary's all-reduces are "
-                              "still in flight; finish_backward() was not called");
+    TORCH_CHECK(!in_flight(),
+                "amp: DataParallel::begin_backward() while the previous boundary's all-reduces are "
+                "still in flight; finish_backward() was not called");
     active_ = boundary;
     if (!boundary) return;
     for (auto& b : buckets_) {
@@ -149,8 +150,8 @@ class DataParallel : public GradientSync {
     at::NoGradGuard no_grad;
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
       auto& b = buckets_[bi];
-      pg_.wait(b.work, "gradient all-reduce (bucket " + std::to_string(bi) + " of " +
-                           std::to_string(buckets_.size()) + ")");
+      pg_.wait(b.work,
+               "gradient all-reduce (bucket " + std::to_string(bi) + " of " + std::to_string(buckets_.size()) + ")");
       b.work.reset();
       // World size 1: the sum is the gradient itself and x / 1 is exact, so
       // .grad ends as it would without DataParallel, bit for bit.
@@ -251,16 +252,15 @@ class DataParallel : public GradientSync {
     return false;
   }
 
-  std::string name(size_t i) const {
-    return i < names_.size() ? "'" + names_[i] + "'" : "#" + std::to_string(i);
-  }
+  std::string name(size_t i) const { return i < names_.size() ? "'" + names_[i] + "'" : "#" + std::to_string(i); }
 
   void setup(const std::vector<at::Tensor>& buffers) {
     TORCH_CHECK(!params_.empty(), "amp: DataParallel needs the model's parameters; got none");
     TORCH_CHECK(options_.bucket_cap_mb() > 0, "amp: DataParallelOptions::bucket_cap_mb must be > 0, got ",
                 options_.bucket_cap_mb());
     for (size_t i = 0; i < params_.size(); ++i)
-      TORCH_CHECK(params_[i].defined(), "amp: DataParallel: parameter ", name(i), " is undefined; pass the "
+      TORCH_CHECK(params_[i].defined(), "amp: DataParallel: parameter ", name(i),
+                  " is undefined; pass the "
                   "model's parameters");
     const c10::Device device = params_.front().device();
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -275,7 +275,8 @@ class DataParallel : public GradientSync {
     } else {
       TORCH_CHECK(device.is_cpu(), "amp: DataParallel: the model is on ", device,
                   "; amp trains CPU (Gloo) and CUDA (NCCL) models across processes: move it to one of them");
-      TORCH_CHECK(pg_.backend() != Backend::kNccl, "amp: DataParallel: the model is on CPU but "
+      TORCH_CHECK(pg_.backend() != Backend::kNccl,
+                  "amp: DataParallel: the model is on CPU but "
                   "ProcessGroupOptions::backend is kNccl (CUDA tensors only); move the model to pg.device() or "
                   "use Backend::kAuto or kGloo");
       if (options_.compression() != GradCompression::kNone) {
@@ -283,9 +284,8 @@ class DataParallel : public GradientSync {
         TORCH_CHECK(pg_.gloo_takes(half ? at::kHalf : at::kBFloat16), "amp: DataParallelOptions::compression(",
                     half ? "kFp16" : "kBf16", ") on CPU needs a Gloo that takes ", half ? "Half" : "BFloat16",
                     ", and this LibTorch's does not (it is a build option: Debian's 1.13 lacks BFloat16, its "
-                    "2.14 both); use GradCompression::kNone", pg_.gloo_takes(half ? at::kBFloat16 : at::kHalf)
-                                                                  ? (half ? " or kBf16" : " or kFp16")
-                                                                  : "");
+                    "2.14 both); use GradCompression::kNone",
+                    pg_.gloo_takes(half ? at::kBFloat16 : at::kHalf) ? (half ? " or kBf16" : " or kFp16") : "");
       }
     }
     const std::vector<at::Tensor> bufs = options_.broadcast_buffers() ? buffers : std::vector<at::Tensor>{};

@@ -108,7 +108,8 @@ auto dispatch_precision(const std::string& name, F&& f) {
   using Result = decltype(f(hana::front(supported_policies<Device>)));
   const std::string wanted = canonical_precision(name);
   bool known = false;
-  hana::for_each(all_policies, [&](auto t) { known = known || wanted == policy_traits<typename decltype(t)::type>::name; });
+  hana::for_each(all_policies,
+                 [&](auto t) { known = known || wanted == policy_traits<typename decltype(t)::type>::name; });
   TORCH_CHECK(known, "amp: unknown precision \"", name, "\"; valid: ", detail::join_names(all_policies),
               " (legacy: 64, 32, 16, bf16)");
 

@@ -35,7 +35,7 @@ struct FitOptions {
 
 // Per-optimizer-step metrics gathered by fit().
 struct StepMetrics {
-  int64_t step = 0;    // optimizer steps done after this one
+  int64_t step = 0;  // optimizer steps done after this one
   int64_t epoch = 0;
   double loss = 0.0;   // mean loss of the step's micro-batches
   double scale = 1.0;  // the loss scale after the scaler's update

@@ -136,8 +136,8 @@ struct policy_traits;
 template <class Compute, class Scaler>
 struct policy_traits<Mixed<Compute, Scaler>> {
   using policy = Mixed<Compute, Scaler>;
-  using compute_type = Compute;   // the dtype autocast computes eligible ops in
-  using param_type = fp32;        // parameters and optimizer state stay fp32
+  using compute_type = Compute;  // the dtype autocast computes eligible ops in
+  using param_type = fp32;       // parameters and optimizer state stay fp32
   using scaler_type = Scaler;
   static constexpr bool uses_autocast = true;
   static constexpr bool uses_loss_scaling = uses_loss_scaling_v<Scaler>;

@@ -97,17 +97,20 @@ class Precision {
     for (size_t k = 0; k < parts_.size(); ++k)
       TORCH_CHECK(&parts_[k]->optimizer() != &optimizer, "amp: setup(): this optimizer was already set up (optimizer ",
                   k, "); set up each optimizer once");
-    TORCH_CHECK(!detail::closure_based(optimizer), "amp: Precision steps each optimizer with step(), but a "
+    TORCH_CHECK(!detail::closure_based(optimizer),
+                "amp: Precision steps each optimizer with step(), but a "
                 "closure-based optimizer (LBFGS) re-evaluates the loss inside its step; train it with amp::Trainer");
-    TORCH_CHECK(options.max_grad_norm() >= 0.0, "amp: SetupOptions::max_grad_norm must be >= 0 (0 turns clipping "
-                "off), got ", options.max_grad_norm());
+    TORCH_CHECK(options.max_grad_norm() >= 0.0,
+                "amp: SetupOptions::max_grad_norm must be >= 0 (0 turns clipping "
+                "off), got ",
+                options.max_grad_norm());
     TORCH_CHECK(options.norm_type() > 0.0, "amp: SetupOptions::norm_type must be > 0 (2 for the L2 norm), got ",
                 options.norm_type());
     detail::check_optimizer<Policy>(optimizer);
     check_owned(optimizer, *module);
     add_model(module);  // before the optimizer's path is chosen: True<D> converts the parameters
-    parts_.push_back(std::make_unique<detail::OptimizerStep<scaler_type>>(optimizer, options.fused(),
-                                                                          options.max_grad_norm(), options.norm_type()));
+    parts_.push_back(std::make_unique<detail::OptimizerStep<scaler_type>>(
+        optimizer, options.fused(), options.max_grad_norm(), options.norm_type()));
     backward_.push_back(false);
     stepped_.push_back(false);
   }
@@ -127,7 +130,8 @@ class Precision {
     TORCH_CHECK(loss.defined(), "amp: backward(): the loss is an undefined tensor");
     TORCH_CHECK(loss.numel() == 1, "amp: backward(): the loss must have one element, got shape ", loss.sizes(),
                 "; reduce it first (e.g. loss.mean())");
-    TORCH_CHECK(loss.requires_grad(), "amp: backward(): the loss does not require grad; compute it from the "
+    TORCH_CHECK(loss.requires_grad(),
+                "amp: backward(): the loss does not require grad; compute it from the "
                 "models' outputs (not under torch::NoGradGuard or evaluate())");
     if (sync_ != nullptr) sync_->begin_backward(/*boundary=*/true);
     scaler_.scale(loss).backward();
@@ -140,7 +144,8 @@ class Precision {
   // after a backward().
   void step(torch::optim::Optimizer& optimizer) {
     const size_t k = index_of(optimizer, "step");
-    TORCH_CHECK(!stepped_[k], "amp: step(): optimizer ", k, " already stepped in this iteration; call "
+    TORCH_CHECK(!stepped_[k], "amp: step(): optimizer ", k,
+                " already stepped in this iteration; call "
                 "prec.update() before stepping it again");
     TORCH_CHECK(backward_[k], "amp: step() without backward(): no backward() since optimizer ", k,
                 "'s last step; call prec.backward(loss) first");
@@ -197,8 +202,8 @@ class Precision {
       torch::serialize::InputArchive previous;
       previous.load_from(before, models_.front()->parameters().front().device());
       apply(previous);
-      TORCH_CHECK(false, "amp: checkpoint '", path, "' does not fit these models/optimizers (left unchanged): ",
-                  e.what_without_backtrace());
+      TORCH_CHECK(false, "amp: checkpoint '", path,
+                  "' does not fit these models/optimizers (left unchanged): ", e.what_without_backtrace());
     }
   }
 
@@ -243,9 +248,11 @@ class Precision {
     const auto& groups = optimizer.param_groups();
     for (size_t g = 0; g < groups.size(); ++g)
       for (size_t i = 0; i < groups[g].params().size(); ++i)
-        TORCH_CHECK(std::find(owned.begin(), owned.end(), groups[g].params()[i].unsafeGetTensorImpl()) != owned.end(),
-                    "amp: setup(): parameter ", i, " of param group ", g, " of this optimizer belongs to no model "
-                    "that was set up; set up its model first (prec.setup(model)), or pass the model the optimizer trains");
+        TORCH_CHECK(
+            std::find(owned.begin(), owned.end(), groups[g].params()[i].unsafeGetTensorImpl()) != owned.end(),
+            "amp: setup(): parameter ", i, " of param group ", g,
+            " of this optimizer belongs to no model "
+            "that was set up; set up its model first (prec.setup(model)), or pass the model the optimizer trains");
   }
 
   size_t index_of(const torch::optim::Optimizer& optimizer, const char* what) const {

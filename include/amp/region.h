@@ -3,15 +3,15 @@
 //
 //   amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> region;   // autocast to bf16 until '}'
 //   auto logits = model->forward(x);                                         // linear/conv in bf16
-//   auto loss = region.full_precision([](const at::Tensor& l, const at::Tensor& y) { return my_loss(l, y); }, logits, y);
+//   auto loss = region.full_precision([](const at::Tensor& l, const at::Tensor& y) { return my_loss(l, y); }, logits,
+//   y);
 //
 // A Mixed<C, S> region holds an Autocast<C, Device> for its lifetime (LibTorch
 // picks each op's dtype: eligible ops in C, sensitive ops in fp32). A True<D>
 // region leaves autocast alone: the model itself is in D (Trainer converts
 // it); True<tf32> on CUDA holds an AllowTF32 (amp/tf32.h), TF32 math for
-// cuBLAS and cuDNN while it lives; those flags are process-wide. Regions are non-copyable and non-movable (they restore the
-// thread's autocast state on destruction), so a Trainer hands `Region&` to the
-// user's forward.
+// cuBLAS and cuDNN while it lives; those flags are process-wide. Regions are non-copyable and non-movable (they restore
+// the thread's autocast state on destruction), so a Trainer hands `Region&` to the user's forward.
 //
 // Rules (each a trait below, with one static_assert and message):
 //  * region.cast<D>(t) inside a Mixed<C, S> region is rejected for a 16-bit D:
@@ -68,7 +68,7 @@ inline constexpr bool region_cast_allowed_v = is_dtype_v<D> && (!is_mixed_v<P> |
 // Rule: may code inside a Region<P, ...> call region.autocast<D>(f)? Only a
 // Mixed region to its own compute dtype, where it is a no-op.
 template <class P, class D>
-inline constexpr bool region_autocast_allowed_v = is_mixed_v<P> && std::is_same_v<D, detail::mixed_compute_t<P>>;
+inline constexpr bool region_autocast_allowed_v = is_mixed_v<P>&& std::is_same_v<D, detail::mixed_compute_t<P>>;
 
 namespace detail {
 
@@ -81,16 +81,18 @@ constexpr bool check_region_cast() {
   } else if constexpr (region_cast_allowed_v<P, D>) {
     return true;
   } else if constexpr (std::is_same_v<C, fp16> && std::is_same_v<D, fp16>) {
-    static_assert(region_cast_allowed_v<P, D>,
-                  "amp: manual fp16 casts inside a Mixed<fp16, ...> region are rejected: autocast already runs eligible "
-                  "ops in fp16 and keeps sensitive ones in fp32; let autocast choose the dtype, or use "
-                  "region.full_precision(f, x) for an fp32 island");
+    static_assert(
+        region_cast_allowed_v<P, D>,
+        "amp: manual fp16 casts inside a Mixed<fp16, ...> region are rejected: autocast already runs eligible "
+        "ops in fp16 and keeps sensitive ones in fp32; let autocast choose the dtype, or use "
+        "region.full_precision(f, x) for an fp32 island");
     return false;
   } else if constexpr (std::is_same_v<C, bf16> && std::is_same_v<D, bf16>) {
-    static_assert(region_cast_allowed_v<P, D>,
-                  "amp: manual bf16 casts inside a Mixed<bf16, ...> region are rejected: autocast already runs eligible "
-                  "ops in bf16 and keeps sensitive ones in fp32; let autocast choose the dtype, or use "
-                  "region.full_precision(f, x) for an fp32 island");
+    static_assert(
+        region_cast_allowed_v<P, D>,
+        "amp: manual bf16 casts inside a Mixed<bf16, ...> region are rejected: autocast already runs eligible "
+        "ops in bf16 and keeps sensitive ones in fp32; let autocast choose the dtype, or use "
+        "region.full_precision(f, x) for an fp32 island");
     return false;
   } else if constexpr (std::is_same_v<C, bf16>) {
     static_assert(region_cast_allowed_v<P, D>,
@@ -114,10 +116,11 @@ constexpr bool check_region_autocast() {
   } else if constexpr (region_autocast_allowed_v<P, D>) {
     return true;
   } else if constexpr (!is_mixed_v<P>) {
-    static_assert(region_autocast_allowed_v<P, D>,
-                  "amp: True<> regions do not autocast: the whole model runs in the policy's dtype; use a Mixed policy, "
-                  "e.g. amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>, or region.full_precision(f, x) "
-                  "for an fp32 island");
+    static_assert(
+        region_autocast_allowed_v<P, D>,
+        "amp: True<> regions do not autocast: the whole model runs in the policy's dtype; use a Mixed policy, "
+        "e.g. amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>, or region.full_precision(f, x) "
+        "for an fp32 island");
     return false;
   } else if constexpr (!is_half_precision_v<D>) {
     static_assert(region_autocast_allowed_v<P, D>,

@@ -72,9 +72,9 @@ struct has_found_inf<S, std::void_t<decltype(std::declval<const S&>().found_inf(
 // What one call of step() did. Tensors, so that no host sync is forced;
 // the accessors that return C++ values do sync.
 struct StepResult {
-  at::Tensor loss;       // detached; at a boundary, the mean over the accumulated micro-batches
-  at::Tensor found_inf;  // 0-dim float, 1 if the step was skipped; undefined if no check was made
-  bool boundary = false; // an optimizer step (or skip) happened in this call
+  at::Tensor loss;        // detached; at a boundary, the mean over the accumulated micro-batches
+  at::Tensor found_inf;   // 0-dim float, 1 if the step was skipped; undefined if no check was made
+  bool boundary = false;  // an optimizer step (or skip) happened in this call
 
   double loss_value() const { return loss.item<double>(); }
   bool skipped() const { return boundary && found_inf.defined() && found_inf.item<double>() != 0.0; }

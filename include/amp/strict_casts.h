@@ -104,8 +104,8 @@ inline std::string strict_casts_message(const std::string& op, c10::ScalarType f
   const char* torch_name = to == c10::ScalarType::Half ? "torch::kHalf" : "torch::kBFloat16";
   return "amp: manual cast to " + std::string(c10::toString(to)) + " (" + op + " from " + c10::toString(from) +
          ", e.g. x.to(" + torch_name + ")) inside a Mixed<" + dtype_name(s.compute) + ", ...> region on " +
-         c10::DeviceTypeName(s.device, true) + " " + verdict + " by strict casts: autocast already runs eligible ops in " +
-         dtype_name(s.compute) +
+         c10::DeviceTypeName(s.device, true) + " " + verdict +
+         " by strict casts: autocast already runs eligible ops in " + dtype_name(s.compute) +
          " and keeps sensitive ones in fp32; let autocast choose the dtype (drop the cast), use "
          "region.full_precision(f, x) for an fp32 island, or cast outside the region";
 }

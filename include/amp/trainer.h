@@ -75,7 +75,8 @@ namespace detail {
 // Range-like: a DataLoader (unique_ptr) or any range of batches.
 template <class L>
 decltype(auto) as_range(L& loader) {
-  if constexpr (std::is_pointer_v<std::decay_t<L>> || c10::guts::is_instantiation_of<std::unique_ptr, std::decay_t<L>>::value ||
+  if constexpr (std::is_pointer_v<std::decay_t<L>> ||
+                c10::guts::is_instantiation_of<std::unique_ptr, std::decay_t<L>>::value ||
                 c10::guts::is_instantiation_of<std::shared_ptr, std::decay_t<L>>::value) {
     return *loader;
   } else {
@@ -105,7 +106,8 @@ class Trainer {
   // `model`: a ModuleHolder (torch::nn::Linear, a TORCH_MODULE) or a
   // std::shared_ptr<Module>. `optimizer` must outlive the Trainer.
   template <class Model>
-  Trainer(Model&& model, torch::optim::Optimizer& optimizer, TrainerOptions options = {}, scaler_type scaler = scaler_type())
+  Trainer(Model&& model, torch::optim::Optimizer& optimizer, TrainerOptions options = {},
+          scaler_type scaler = scaler_type())
       : module_(detail::as_module(std::forward<Model>(model))),
         options_(std::move(options)),
         stepper_(setup(optimizer), options_.stepper(), std::move(scaler)),
@@ -143,8 +145,9 @@ class Trainer {
   History fit(Loader&& loader, F&& fn, FitOptions fo = FitOptions()) {
     TORCH_CHECK(fo.epochs() >= 0, "amp: FitOptions::epochs must be >= 0, got ", fo.epochs());
     TORCH_CHECK(fo.log_every() >= 1, "amp: FitOptions::log_every must be >= 1, got ", fo.log_every());
-    TORCH_CHECK(fo.checkpoint_every() == 0 || !fo.checkpoint_path().empty(),
-                "amp: FitOptions::checkpoint_every is set but checkpoint_path is empty; set .checkpoint_path(\"ckpt.pt\")");
+    TORCH_CHECK(
+        fo.checkpoint_every() == 0 || !fo.checkpoint_path().empty(),
+        "amp: FitOptions::checkpoint_every is set but checkpoint_path is empty; set .checkpoint_path(\"ckpt.pt\")");
     auto&& range = detail::as_range(loader);
     History history;
     detail::Progress bar(options_.progress(), fo.max_steps(), precision, fo.log_every());
@@ -189,8 +192,9 @@ class Trainer {
   // `path` atomically: a temporary file in the same directory, fsync, rename.
   // A crash at any point leaves either the old or the new file, never a torn one.
   void save(const std::string& path) const {
-    TORCH_CHECK(stepper_.micro_step() == 0, "amp: save() was called in the middle of gradient accumulation (micro-batch ",
-                stepper_.micro_step(), " of ", stepper_.options().accumulation_steps(),
+    TORCH_CHECK(stepper_.micro_step() == 0,
+                "amp: save() was called in the middle of gradient accumulation (micro-batch ", stepper_.micro_step(),
+                " of ", stepper_.options().accumulation_steps(),
                 "); call it after the step that completes the accumulation");
     stepper_.sync_optimizer_state();  // the fused path's device step counters, into optimizer.state()
     detail::write_checkpoint(path, precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
@@ -207,8 +211,8 @@ class Trainer {
       apply(archive);
     } catch (const c10::Error& e) {
       restore(before);
-      TORCH_CHECK(false, "amp: checkpoint '", path, "' does not fit this model/optimizer (left unchanged): ",
-                  e.what_without_backtrace());
+      TORCH_CHECK(false, "amp: checkpoint '", path,
+                  "' does not fit this model/optimizer (left unchanged): ", e.what_without_backtrace());
     }
   }
 

@@ -105,8 +105,9 @@ inline constexpr bool mixed_has_scaler_v = !is_mixed_v<P> || is_scaler_v<detail:
 // Rule: a user-defined Scaler names itself (kName), so the policy has a
 // precision name for checkpoints and fit()'s output.
 template <class P>
-inline constexpr bool mixed_scaler_named_v = !is_mixed_v<P> || detail::builtin_scaler<detail::mixed_scaler_t<P>>::value ||
-                                             detail::has_scaler_name<detail::mixed_scaler_t<P>>::value;
+inline constexpr bool mixed_scaler_named_v =
+    !is_mixed_v<P> || detail::builtin_scaler<detail::mixed_scaler_t<P>>::value ||
+    detail::has_scaler_name<detail::mixed_scaler_t<P>>::value;
 
 // Rule: fp16 needs loss scaling.
 template <class P>
@@ -121,12 +122,11 @@ template <class P>
 inline constexpr bool true_has_dtype_v = !is_true_v<P> || is_dtype_v<detail::true_dtype_t<P>>;
 
 template <class P>
-inline constexpr bool is_valid_policy_v = is_policy_v<P> && mixed_has_half_compute_v<P> && mixed_has_scaler_v<P> &&
-                                          fp16_is_scaled_v<P> && bf16_is_unscaled_v<P> && true_has_dtype_v<P> &&
-                                          mixed_scaler_named_v<P>;
+inline constexpr bool is_valid_policy_v = is_policy_v<P>&& mixed_has_half_compute_v<P>&& mixed_has_scaler_v<P>&&
+    fp16_is_scaled_v<P>&& bf16_is_unscaled_v<P>&& true_has_dtype_v<P>&& mixed_scaler_named_v<P>;
 
 namespace detail {
-template <class P, class Device, bool Valid = is_valid_policy_v<P> && is_device_v<Device>>
+template <class P, class Device, bool Valid = is_valid_policy_v<P>&& is_device_v<Device>>
 struct supported_impl : std::false_type {};
 template <class C, class S, class Device>
 struct supported_impl<Mixed<C, S>, Device, true> : std::bool_constant<autocast_supported_v<C, Device>> {};
@@ -150,13 +150,15 @@ inline constexpr bool dependent_false_v = false;
 template <class P>
 constexpr bool check_policy() {
   if constexpr (!is_policy_v<P>) {
-    static_assert(is_policy_v<P>,
-                  "amp: expected a precision policy (amp::Mixed<Compute, Scaler> or amp::True<Dtype>) but got another "
-                  "type; use e.g. amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>> or amp::Trainer<amp::True<amp::fp32>>");
+    static_assert(
+        is_policy_v<P>,
+        "amp: expected a precision policy (amp::Mixed<Compute, Scaler> or amp::True<Dtype>) but got another "
+        "type; use e.g. amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>> or amp::Trainer<amp::True<amp::fp32>>");
     return false;
   } else if constexpr (!true_has_dtype_v<P>) {
-    static_assert(true_has_dtype_v<P>,
-                  "amp: True<Dtype> needs a dtype tag; use amp::True<amp::fp32> (or amp::fp64, amp::bf16, amp::fp16, amp::tf32)");
+    static_assert(
+        true_has_dtype_v<P>,
+        "amp: True<Dtype> needs a dtype tag; use amp::True<amp::fp32> (or amp::fp64, amp::bf16, amp::fp16, amp::tf32)");
     return false;
   } else if constexpr (!mixed_has_half_compute_v<P>) {
     static_assert(mixed_has_half_compute_v<P>,
@@ -164,10 +166,11 @@ constexpr bool check_policy() {
                   "fp32/fp64/tf32 use amp::True<amp::fp32> (or amp::True<amp::fp64>, amp::True<amp::tf32>)");
     return false;
   } else if constexpr (!mixed_has_scaler_v<P>) {
-    static_assert(mixed_has_scaler_v<P>,
-                  "amp: the Scaler of Mixed<Compute, Scaler> lacks the scaler interface (kLossScaling, scale, unscale_, "
-                  "step, update, get_scale, is_enabled, state_dict, load_state_dict); use amp::DynamicScaler, "
-                  "amp::StaticScaler or amp::NoScaler");
+    static_assert(
+        mixed_has_scaler_v<P>,
+        "amp: the Scaler of Mixed<Compute, Scaler> lacks the scaler interface (kLossScaling, scale, unscale_, "
+        "step, update, get_scale, is_enabled, state_dict, load_state_dict); use amp::DynamicScaler, "
+        "amp::StaticScaler or amp::NoScaler");
     return false;
   } else if constexpr (!mixed_scaler_named_v<P>) {
     static_assert(mixed_scaler_named_v<P>,
@@ -207,7 +210,8 @@ constexpr bool check_supported() {
                   "amp::Mixed<amp::bf16, amp::NoScaler> (or amp::True<amp::bf16>) on amp::CPU");
     return false;
   } else {
-    static_assert(is_supported_v<P, Device>, "amp: this policy is not supported on this device; see amp::supported_policies<Device>");
+    static_assert(is_supported_v<P, Device>,
+                  "amp: this policy is not supported on this device; see amp::supported_policies<Device>");
     return true;
   }
 }

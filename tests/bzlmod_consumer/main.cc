@@ -5,8 +5,7 @@
 
 int main() {
   static_assert(amp::is_supported_v<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>);
-  amp::dispatch_precision<amp::CPU>("bf16-mixed", [](auto p) {
-    std::cout << amp::precision_name<typename decltype(p)::type>() << "\n";
-  });
+  amp::dispatch_precision<amp::CPU>(
+      "bf16-mixed", [](auto p) { std::cout << amp::precision_name<typename decltype(p)::type>() << "\n"; });
   return 0;
 }

@@ -12,14 +12,16 @@ using Batch = std::pair<torch::Tensor, torch::Tensor>;
 // The passing twin: the same call on amp::CUDA (compiled, never run here).
 void on_cuda(amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CUDA>& trainer, torch::nn::Linear& model,
              const Batch& example) {
-  auto step = trainer.capture([&](auto&, const Batch& b) { return torch::mse_loss(model(b.first), b.second); }, example);
+  auto step =
+      trainer.capture([&](auto&, const Batch& b) { return torch::mse_loss(model(b.first), b.second); }, example);
   step(example);
 }
 
 #ifdef AMP_SHOULD_FAIL
 void on_cpu(amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>& trainer, torch::nn::Linear& model,
             const Batch& example) {
-  auto step = trainer.capture([&](auto&, const Batch& b) { return torch::mse_loss(model(b.first), b.second); }, example);
+  auto step =
+      trainer.capture([&](auto&, const Batch& b) { return torch::mse_loss(model(b.first), b.second); }, example);
   step(example);
 }
 #endif

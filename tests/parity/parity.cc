@@ -87,7 +87,7 @@ struct Data {
   torch::Tensor x, y;
   explicit Data(torch::Device d) : device(d) {
     torch::manual_seed(1);
-    x = (torch::randn({kSteps, 128, 64}) * 4).to(d);  // large inputs: fp16 overflows at high scales
+    x = (torch::randn({kSteps, 128, 64}) * 4).to(d);               // large inputs: fp16 overflows at high scales
     y = torch::randint(0, 10, {kSteps, 128}, torch::kLong).to(d);  // C++ randint defaults to float
   }
 };
@@ -240,9 +240,8 @@ void precision_run(Log& log, torch::Device device, const std::string& name, cons
   };
   for (int i = 0; i < kSteps; ++i) {
     opt_d.zero_grad();
-    const auto loss_d = prec.forward([&](auto&) {
-      return bce(disc->forward(real[i]), 1.0) + bce(disc->forward(gen->forward(z[i]).detach()), 0.0);
-    });
+    const auto loss_d = prec.forward(
+        [&](auto&) { return bce(disc->forward(real[i]), 1.0) + bce(disc->forward(gen->forward(z[i]).detach()), 0.0); });
     prec.backward(poison && d_poison(i) != 1.0 ? loss_d * d_poison(i) : loss_d);
     prec.step(opt_d);
     opt_g.zero_grad();
@@ -272,12 +271,11 @@ void fused_runs(Log& log, const Data& data) {
                                 AdamWOptions(1e-3).weight_decay(0.01).amsgrad(true),
                                 amp::TrainerOptions().max_grad_norm(1.0), amp::DynamicScaler(scaler_options()));
   trainer_run<Fp16, Dev, SGD>(log, data, "trainer-16-mixed-sgd",
-                              SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4),
-                              amp::TrainerOptions(), amp::DynamicScaler(scaler_options(1024.0)));
+                              SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4), amp::TrainerOptions(),
+                              amp::DynamicScaler(scaler_options(1024.0)));
   trainer_run<amp::True<amp::bf16>, Dev, Adam>(log, data, "trainer-bf16-true", AdamOptions(1e-3),
                                                amp::TrainerOptions());
-  trainer_run<amp::True<amp::fp64>, Dev, Adam>(log, data, "trainer-64-true", AdamOptions(1e-3),
-                                               amp::TrainerOptions());
+  trainer_run<amp::True<amp::fp64>, Dev, Adam>(log, data, "trainer-64-true", AdamOptions(1e-3), amp::TrainerOptions());
   gan_run<Dev, Adam>(log, data, "gan-d-bf16-mixed", AdamOptions(1e-3), amp::TrainerOptions());
   precision_run<Fp16, Dev, AdamW, Adam>(log, data.device, "precision-16-mixed-gan",
                                         AdamWOptions(1e-3).weight_decay(0.01), AdamOptions(2e-4).betas({0.5, 0.999}),
@@ -303,8 +301,8 @@ int run(const std::string& dir, torch::Device device) {
   trainer_run<Bf16, Dev, SGD>(log, data, "trainer-bf16-mixed-sgd-clip-unfused",
                               SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4),
                               amp::TrainerOptions().fused(false).max_grad_norm(1.0));
-  trainer_run<amp::True<amp::fp64>, Dev, SGD>(log, data, "trainer-64-true-sgd-unfused",
-                                              SGDOptions(0.01).momentum(0.9), amp::TrainerOptions().fused(false));
+  trainer_run<amp::True<amp::fp64>, Dev, SGD>(log, data, "trainer-64-true-sgd-unfused", SGDOptions(0.01).momentum(0.9),
+                                              amp::TrainerOptions().fused(false));
   gan_run<Dev, SGD>(log, data, "gan-d-bf16-mixed-sgd-unfused", SGDOptions(0.01).momentum(0.9),
                     amp::TrainerOptions().fused(false));
   precision_run<Bf16, Dev, SGD, SGD>(log, device, "precision-bf16-mixed-gan-unfused", SGDOptions(0.02).momentum(0.5),

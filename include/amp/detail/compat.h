@@ -43,7 +43,8 @@ inline constexpr bool kCpuHasFp16 = libtorch_at_least(2, 3);
 #define AMP_DETAIL_DEVICE_GENERIC_AUTOCAST_API 0
 #endif
 inline constexpr bool kDeviceGenericAutocastApi = AMP_DETAIL_DEVICE_GENERIC_AUTOCAST_API;
-static_assert(kDeviceGenericAutocastApi == libtorch_at_least(2, 4), "amp: compat.h's autocast API switch disagrees with version.h");
+static_assert(kDeviceGenericAutocastApi == libtorch_at_least(2, 4),
+              "amp: compat.h's autocast API switch disagrees with version.h");
 
 // --- TF32 flags ----------------------------------------------------------------
 // Up to 2.8 the cuBLAS TF32 flag is derived from float32MatmulPrecision, which
@@ -124,7 +125,9 @@ enum class FusedOp { kAdam, kAdamW, kSgd };
 
 // The operator's name for the dispatcher (overload "": the double-lr one).
 constexpr const char* fused_op_name(FusedOp op) {
-  return op == FusedOp::kAdam ? "aten::_fused_adam_" : op == FusedOp::kAdamW ? "aten::_fused_adamw_" : "aten::_fused_sgd_";
+  return op == FusedOp::kAdam    ? "aten::_fused_adam_"
+         : op == FusedOp::kAdamW ? "aten::_fused_adamw_"
+                                 : "aten::_fused_sgd_";
 }
 
 // The first LibTorch with the op's kernel for `device` ("" where amp knows of none).

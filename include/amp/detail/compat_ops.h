@@ -152,7 +152,9 @@ inline void set_tf32(bool on) {
   at::globalContext().setAllowTF32CuDNN(on);
 }
 inline const char* float32_matmul_precision_name(at::Float32MatmulPrecision p) {
-  return p == at::Float32MatmulPrecision::HIGHEST ? "highest" : p == at::Float32MatmulPrecision::HIGH ? "high" : "medium";
+  return p == at::Float32MatmulPrecision::HIGHEST ? "highest"
+         : p == at::Float32MatmulPrecision::HIGH  ? "high"
+                                                  : "medium";
 }
 inline void restore_tf32_flags(const Tf32Flags& flags) {
 #if AMP_DETAIL_FP32_PRECISION_API

@@ -18,7 +18,8 @@
 namespace amp::detail {
 
 // [n_params, n_buffers, then per tensor: dtype, ndim, sizes...]
-inline std::vector<int64_t> shape_summary(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& buffers) {
+inline std::vector<int64_t> shape_summary(const std::vector<at::Tensor>& params,
+                                          const std::vector<at::Tensor>& buffers) {
   std::vector<int64_t> s{static_cast<int64_t>(params.size()), static_cast<int64_t>(buffers.size())};
   for (const auto* list : {&params, &buffers})
     for (const auto& t : *list) {

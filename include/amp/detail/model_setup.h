@@ -69,11 +69,15 @@ void check_optimizer(const torch::optim::Optimizer& opt) {
     for (const auto& group : opt.param_groups()) {
       double eps = -1;
       const char* name = nullptr;
-      if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&group.options())) eps = o->eps(), name = "AdamOptions";
-      if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&group.options())) eps = o->eps(), name = "AdamWOptions";
-      TORCH_CHECK(name == nullptr || eps >= kMinNormalFp16, "amp: ", traits::name, " keeps Adam's state in fp16, where eps=",
-                  eps, " rounds to 0 or a subnormal and 0/0 gives NaN (the loss becomes NaN); use torch::optim::",
-                  name ? name : "AdamOptions", "(lr).eps(1e-4), or a policy with fp32 optimizer state (\"16-mixed\", "
+      if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&group.options()))
+        eps = o->eps(), name = "AdamOptions";
+      if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&group.options()))
+        eps = o->eps(), name = "AdamWOptions";
+      TORCH_CHECK(name == nullptr || eps >= kMinNormalFp16, "amp: ", traits::name,
+                  " keeps Adam's state in fp16, where eps=", eps,
+                  " rounds to 0 or a subnormal and 0/0 gives NaN (the loss becomes NaN); use torch::optim::",
+                  name ? name : "AdamOptions",
+                  "(lr).eps(1e-4), or a policy with fp32 optimizer state (\"16-mixed\", "
                   "\"32-true\")");
     }
   }
@@ -85,8 +89,8 @@ template <class Policy, class Device>
 void check_device(const char* who) {
   using traits = policy_traits<Policy>;
   TORCH_CHECK(device_traits<Device>::available(), "amp: ", who, "<", traits::name, ", ", device_traits<Device>::tag,
-              "> needs a ", device_traits<Device>::name, " device, but LibTorch sees none; use amp::", who,
-              "<Policy, ", device_traits<CPU>::tag, ">");
+              "> needs a ", device_traits<Device>::name, " device, but LibTorch sees none; use amp::", who, "<Policy, ",
+              device_traits<CPU>::tag, ">");
   if constexpr (std::is_same_v<Device, CUDA> && (std::is_same_v<typename traits::compute_type, bf16> ||
                                                  std::is_same_v<typename traits::param_type, bf16>)) {
     TORCH_CHECK(compat::cuda_supports_bf16(), "amp: ", traits::name,

@@ -68,8 +68,8 @@ inline int env_int(const char* name, long lo, long hi, const char* hint) {
   const long v = std::strtol(s.c_str(), &end, 10);
   TORCH_CHECK(errno == 0 && end != s.c_str() && *end == '\0', "amp: environment variable ", name, "=\"", s,
               "\" is not an integer; ", hint);
-  TORCH_CHECK(v >= lo && v <= hi, "amp: environment variable ", name, "=", v, " is out of range [", lo, ", ", hi,
-              "]; ", hint);
+  TORCH_CHECK(v >= lo && v <= hi, "amp: environment variable ", name, "=", v, " is out of range [", lo, ", ", hi, "]; ",
+              hint);
   return static_cast<int>(v);
 }
 
@@ -81,13 +81,14 @@ inline bool is_loopback(const std::string& addr) {
 // torchrun's RANK, WORLD_SIZE, LOCAL_RANK (default: RANK), MASTER_ADDR,
 // MASTER_PORT; amp: errors for missing or invalid ones.
 inline ProcessInfo process_info_from_env() {
-  constexpr const char* hint = "launch with torchrun or amp's tools/launch, which set RANK, WORLD_SIZE, "
-                               "LOCAL_RANK, MASTER_ADDR and MASTER_PORT";
+  constexpr const char* hint =
+      "launch with torchrun or amp's tools/launch, which set RANK, WORLD_SIZE, "
+      "LOCAL_RANK, MASTER_ADDR and MASTER_PORT";
   ProcessInfo info;
   info.world_size = detail::env_int("WORLD_SIZE", 1, 1 << 20, hint);
   info.rank = detail::env_int("RANK", 0, info.world_size - 1, hint);
-  info.local_rank = detail::env_or_empty("LOCAL_RANK").empty() ? info.rank
-                                                                : detail::env_int("LOCAL_RANK", 0, 1 << 20, hint);
+  info.local_rank =
+      detail::env_or_empty("LOCAL_RANK").empty() ? info.rank : detail::env_int("LOCAL_RANK", 0, 1 << 20, hint);
   info.master_addr = detail::env_or_empty("MASTER_ADDR");
   TORCH_CHECK(!info.master_addr.empty(), "amp: environment variable MASTER_ADDR is not set; ", hint);
   info.master_port = detail::env_int("MASTER_PORT", 1, 65535, hint);
@@ -116,10 +117,9 @@ class ProcessGroup {
  public:
   // gloo_dtypes: the 16-bit dtypes this build's Gloo takes (init_process_group
   // asks Gloo; the default sends every 16-bit CPU tensor as fp32).
-  ProcessGroup(ProcessInfo info, c10::intrusive_ptr<c10d::Store> store,
-               c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo, std::chrono::milliseconds timeout,
-               Backend backend = Backend::kGloo, c10::Device device = c10::Device(c10::kCPU),
-               detail::compat::GlooDtypes gloo_dtypes = {})
+  ProcessGroup(ProcessInfo info, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo,
+               std::chrono::milliseconds timeout, Backend backend = Backend::kGloo,
+               c10::Device device = c10::Device(c10::kCPU), detail::compat::GlooDtypes gloo_dtypes = {})
       : info_(std::move(info)),
         store_(std::move(store)),
         gloo_(std::move(gloo)),
@@ -157,14 +157,15 @@ class ProcessGroup {
     std::lock_guard<std::mutex> lock(nccl_->mutex);
     if (!nccl_->group) {
       try {
-        nccl_->group = detail::compat::make_nccl(c10::make_intrusive<c10d::PrefixStore>("amp_nccl", store_),
-                                                 info_.rank, info_.world_size, timeout_);
+        nccl_->group = detail::compat::make_nccl(c10::make_intrusive<c10d::PrefixStore>("amp_nccl", store_), info_.rank,
+                                                 info_.world_size, timeout_);
       } catch (const std::exception& e) {
         std::string msg = e.what();
         if (msg.find('\n') != std::string::npos) msg.resize(msg.find('\n'));
         TORCH_CHECK(false, "amp: rank ", info_.rank, " of ", info_.world_size,
                     " could not create its NCCL group (is this process's GPU free, and NCCL's library the one "
-                    "LibTorch was built with?): ", msg);
+                    "LibTorch was built with?): ",
+                    msg);
       }
     }
     return *nccl_->group;
@@ -202,8 +203,8 @@ class ProcessGroup {
     }
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     TORCH_CHECK(false, "amp: ", what, " on rank ", info_.rank, " of ", info_.world_size, " failed after ", ms.count(),
-                " ms (timeout ", timeout_.count(), " ms): a peer process died, hung or diverged from this one (",
-                error, ")");
+                " ms (timeout ", timeout_.count(), " ms): a peer process died, hung or diverged from this one (", error,
+                ")");
   }
 
   void barrier() const { wait(gloo_->barrier(), "barrier"); }
@@ -250,8 +251,9 @@ class ProcessGroup {
       return f(nccl());
 #endif
     }
-    TORCH_CHECK(t.is_cpu(), "amp: ", what, " is on ", t.device(), "; amp communicates CPU (Gloo) and CUDA (NCCL) "
-                            "tensors only: move it to one of them");
+    TORCH_CHECK(t.is_cpu(), "amp: ", what, " is on ", t.device(),
+                "; amp communicates CPU (Gloo) and CUDA (NCCL) "
+                "tensors only: move it to one of them");
     return f(*gloo_);
   }
 
@@ -272,8 +274,9 @@ namespace detail {
 inline c10::Device training_device(const ProcessInfo& info, Backend backend) {
   if (backend == Backend::kNccl) {
     TORCH_CHECK(compat::kHasNccl, "amp: ProcessGroupOptions::backend is kNccl, but ", kNoNcclFix);
-    TORCH_CHECK(torch::cuda::is_available(), "amp: ProcessGroupOptions::backend is kNccl, but LibTorch sees no CUDA "
-                                             "device; use Backend::kGloo (or kAuto) to train on CPU");
+    TORCH_CHECK(torch::cuda::is_available(),
+                "amp: ProcessGroupOptions::backend is kNccl, but LibTorch sees no CUDA "
+                "device; use Backend::kGloo (or kAuto) to train on CPU");
     // device_count() is size_t up to 2.x, c10::DeviceIndex (int8) in 2.14.
     const auto devices = static_cast<int64_t>(torch::cuda::device_count());
     TORCH_CHECK(info.local_rank < devices, "amp: LOCAL_RANK=", info.local_rank, " but this process sees ", devices,
@@ -312,13 +315,13 @@ inline ProcessGroup init_process_group(const ProcessInfo& info, const ProcessGro
   } catch (const std::exception& e) {
     std::string msg = e.what();
     if (msg.find('\n') != std::string::npos) msg.resize(msg.find('\n'));
-    TORCH_CHECK(false, "amp: rank ", info.rank, " of ", info.world_size, " could not rendezvous at ", where,
-                " within ", options.timeout().count(), " ms (",
-                info.rank == 0 ? "is the port free, and did every rank start?" : "is rank 0 running there?", "): ",
-                msg);
+    TORCH_CHECK(false, "amp: rank ", info.rank, " of ", info.world_size, " could not rendezvous at ", where, " within ",
+                options.timeout().count(), " ms (",
+                info.rank == 0 ? "is the port free, and did every rank start?" : "is rank 0 running there?",
+                "): ", msg);
   }
   auto gloo_options = detail::compat::GlooOptions::create(options.timeout());
-  const std::string host = !options.hostname().empty()              ? options.hostname()
+  const std::string host = !options.hostname().empty()             ? options.hostname()
                            : detail::is_loopback(info.master_addr) ? std::string("127.0.0.1")
                                                                    : std::string();
   gloo_options->devices.push_back(detail::compat::gloo_device(host));

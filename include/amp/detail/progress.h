@@ -17,7 +17,11 @@ namespace detail {
 class Progress {
  public:
   Progress(bool enabled, int64_t total, std::string label, int64_t every = 50)
-      : enabled_(enabled), tty_(isatty(fileno(stderr)) != 0), total_(total), every_(every), label_(std::move(label)),
+      : enabled_(enabled),
+        tty_(isatty(fileno(stderr)) != 0),
+        total_(total),
+        every_(every),
+        label_(std::move(label)),
         start_(std::chrono::steady_clock::now()) {}
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;

@@ -41,9 +41,13 @@ struct BatchWalk {
 template <>
 struct BatchWalk<at::Tensor> {
   template <class F>
-  static void visit(const at::Tensor& t, const std::string& path, F& f) { f(t, path); }
+  static void visit(const at::Tensor& t, const std::string& path, F& f) {
+    f(t, path);
+  }
   template <class F>
-  static at::Tensor map(const at::Tensor& t, F& f) { return f(t); }
+  static at::Tensor map(const at::Tensor& t, F& f) {
+    return f(t);
+  }
 };
 
 template <class A, class B>
@@ -186,24 +190,27 @@ class StaticBatch {
       TORCH_CHECK(i < places_.size(), "amp: the batch has more tensors than the one the step was captured for (",
                   places_.size(), "); ", path, " is new; ", kFix);
       const Place& p = places_[i++];
-      TORCH_CHECK(path == p.path, "amp: the batch is laid out differently from the one the step was captured for: ",
-                  path, " where the captured batch had ", p.path, "; ", kFix);
+      TORCH_CHECK(path == p.path,
+                  "amp: the batch is laid out differently from the one the step was captured for: ", path,
+                  " where the captured batch had ", p.path, "; ", kFix);
       TORCH_CHECK(t.defined(), "amp: ", path, " is an undefined tensor; the step was captured with a tensor there");
       TORCH_CHECK(t.sizes() == c10::IntArrayRef(p.sizes) && t.scalar_type() == p.dtype && t.device() == p.device,
                   "amp: the step was captured for ", p.path, " of shape ", c10::IntArrayRef(p.sizes), ", ", p.dtype,
-                  " on ", p.device, ", but got shape ", t.sizes(), ", ", t.scalar_type(), " on ", t.device(), "; ", kFix);
+                  " on ", p.device, ", but got shape ", t.sizes(), ", ", t.scalar_type(), " on ", t.device(), "; ",
+                  kFix);
       tensors.push_back(t);
     };
     BatchWalk<Batch>::visit(batch, "batch", compare);
-    TORCH_CHECK(i == places_.size(), "amp: the batch has fewer tensors (", i, ") than the one the step was captured for (",
-                places_.size(), "); ", kFix);
+    TORCH_CHECK(i == places_.size(), "amp: the batch has fewer tensors (", i,
+                ") than the one the step was captured for (", places_.size(), "); ", kFix);
     return tensors;
   }
 
   static std::vector<Place> places_of(const Batch& example) {
     std::vector<Place> places;
     auto record = [&](const at::Tensor& t, const std::string& path) {
-      TORCH_CHECK(t.defined(), "amp: ", path, " of the example batch is an undefined tensor; a captured step needs "
+      TORCH_CHECK(t.defined(), "amp: ", path,
+                  " of the example batch is an undefined tensor; a captured step needs "
                   "every tensor of its batch");
       places.push_back(Place{path, t.sizes().vec(), t.scalar_type(), t.device()});
     };

@@ -39,8 +39,8 @@ class FusedStep {
   // the optimizer's own step()) is taken as it is.
   explicit FusedStep(torch::optim::Optimizer& optimizer) : optimizer_(&optimizer) {
     kind_ = fused::kind_of_class(optimizer);
-    TORCH_CHECK(kind_ != FusedKind::kNone, "amp: FusedStep: ",
-                fused::unsupported_reason(optimizer, c10::DeviceType::CPU, &kind_));
+    TORCH_CHECK(kind_ != FusedKind::kNone,
+                "amp: FusedStep: ", fused::unsupported_reason(optimizer, c10::DeviceType::CPU, &kind_));
     for (const auto& group : optimizer.param_groups())
       for (const auto& p : group.params()) check_device(p.device().type());
   }
@@ -283,8 +283,8 @@ class FusedStep {
     call.impls.push_back(p.unsafeGetTensorImpl());
   }
 
-  void gather_sgd(const at::Tensor& p, const at::Tensor& grad, bool momentum, bool has_found_inf, size_t g,
-                  size_t i, std::vector<fused::Call>& calls) {
+  void gather_sgd(const at::Tensor& p, const at::Tensor& grad, bool momentum, bool has_found_inf, size_t g, size_t i,
+                  std::vector<fused::Call>& calls) {
     if (!momentum) {
       // No state: LibTorch's SGD keeps none without momentum.
       fused::Call& call = fused::call_for(calls, p);
@@ -329,8 +329,8 @@ class FusedStep {
     at::_foreach_add_(call.steps, at::Scalar(1));
     const c10::optional<at::Tensor> found = flags.found(call.device);
     fused::adam_(kind_ == FusedKind::kAdamW, call.params, call.grads, call.exp_avgs, call.exp_avg_sqs,
-                        call.max_exp_avg_sqs, call.steps, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps, h.amsgrad,
-                        /*maximize=*/false, flags.scale(call.device), found);
+                 call.max_exp_avg_sqs, call.steps, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps, h.amsgrad,
+                 /*maximize=*/false, flags.scale(call.device), found);
     if (found) {
       at::_foreach_sub_(call.steps, std::vector<at::Tensor>(call.steps.size(), *found));
     } else {
@@ -343,8 +343,8 @@ class FusedStep {
     const c10::optional<at::Tensor> scale = flags.scale(call.device);
     const c10::optional<at::Tensor> found = flags.found(call.device);
     auto sgd = [&](const std::vector<at::Tensor>& bufs, bool is_first_step, const c10::optional<at::Tensor>& skip) {
-      fused::sgd_(call.params, call.grads, bufs, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
-                         o.nesterov(), /*maximize=*/false, is_first_step, scale, skip);
+      fused::sgd_(call.params, call.grads, bufs, o.weight_decay(), o.momentum(), o.lr(), o.dampening(), o.nesterov(),
+                  /*maximize=*/false, is_first_step, scale, skip);
     };
     if (o.momentum() == 0.0) {
       sgd({}, false, found);

@@ -58,8 +58,8 @@ template <class S, class = void>
 struct has_fused_step : std::false_type {};
 template <class S>
 struct has_fused_step<S, std::void_t<decltype(std::declval<S&>().step(std::declval<torch::optim::Optimizer&>(),
-                                                                       std::declval<FusedStep&>()))>>
-    : std::true_type {};
+                                                                      std::declval<FusedStep&>()))>> : std::true_type {
+};
 
 template <class Scaler>
 class OptimizerStep {

@@ -34,7 +34,6 @@
 
 namespace amp {
 
-
 // torch.amp.GradScaler. See the file comment; the options are in options.h.
 class DynamicScaler : public detail::LossScalerBase {
  public:
@@ -179,9 +178,8 @@ class DynamicScaler : public detail::LossScalerBase {
     if (state.contains("hysteresis")) {
       options_.hysteresis(detail::state_int(state, "hysteresis"));
     }
-    init_hysteresis_tracker_ = state.contains("_hysteresis_tracker")
-                                   ? detail::state_int(state, "_hysteresis_tracker")
-                                   : options_.hysteresis();
+    init_hysteresis_tracker_ =
+        state.contains("_hysteresis_tracker") ? detail::state_int(state, "_hysteresis_tracker") : options_.hysteresis();
     if (hysteresis_tracker_.defined()) {
       hysteresis_tracker_.fill_(init_hysteresis_tracker_);
     }
@@ -236,11 +234,12 @@ class DynamicScaler : public detail::LossScalerBase {
   int64_t init_growth_tracker_ = 0;  // torch's _init_growth_tracker
   at::Tensor growth_tracker_;        // int32, 0-dim, on the scale's device
   int64_t init_hysteresis_tracker_ = 1;
-  at::Tensor hysteresis_tracker_;    // int32, 0-dim; only with hysteresis > 1
+  at::Tensor hysteresis_tracker_;  // int32, 0-dim; only with hysteresis > 1
 };
 
 using GradScaler = DynamicScaler;
 
-static_assert(detail::builtin_scaler_matches_v<DynamicScaler>, "amp: DynamicScaler must match scaler_traits.h's builtin_scaler");
+static_assert(detail::builtin_scaler_matches_v<DynamicScaler>,
+              "amp: DynamicScaler must match scaler_traits.h's builtin_scaler");
 
 }  // namespace amp

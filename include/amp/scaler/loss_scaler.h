@@ -234,8 +234,10 @@ class LossScalerBase {
   // for an empty dict, with the scaler's class name, then the "scale" entry,
   // which fills the scale if it exists, else becomes its lazy initial value.
   void load_scale(const StateDict& state, const char* class_name) {
-    TORCH_CHECK(state.size() != 0, "The source state dict is empty, possibly because it was saved from a disabled "
-                "instance of ", class_name, ".");
+    TORCH_CHECK(state.size() != 0,
+                "The source state dict is empty, possibly because it was saved from a disabled "
+                "instance of ",
+                class_name, ".");
     init_scale_ = state_double(state, "scale");
     if (scale_.defined()) {
       scale_.fill_(init_scale_);
@@ -321,7 +323,6 @@ class LossScalerBase {
   std::map<const torch::optim::Optimizer*, PerOptimizerState> states_;
   at::Tensor last_found_inf_;
 };
-
 
 }  // namespace detail
 }  // namespace amp

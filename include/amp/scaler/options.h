@@ -21,9 +21,9 @@ namespace amp {
 // same state_dict keys).
 struct DynamicScalerOptions {
   // --- torch.amp.GradScaler's arguments and defaults ---
-  TORCH_ARG(double, init_scale) = 65536.0;  // 2**16; must be finite and > 0
-  TORCH_ARG(double, growth_factor) = 2.0;   // must be > 1 (torch asserts it)
-  TORCH_ARG(double, backoff_factor) = 0.5;  // must be in (0, 1) (torch asserts < 1)
+  TORCH_ARG(double, init_scale) = 65536.0;     // 2**16; must be finite and > 0
+  TORCH_ARG(double, growth_factor) = 2.0;      // must be > 1 (torch asserts it)
+  TORCH_ARG(double, backoff_factor) = 0.5;     // must be in (0, 1) (torch asserts < 1)
   TORCH_ARG(int64_t, growth_interval) = 2000;  // must be >= 1
   // When false every method is a no-op or the identity, as torch's `enabled=False`.
   TORCH_ARG(bool, enabled) = true;

@@ -84,12 +84,9 @@ struct has_scaler_methods<
     S, std::void_t<decltype(std::declval<S&>().scale(std::declval<const at::Tensor&>())),
                    decltype(std::declval<S&>().unscale_(std::declval<torch::optim::Optimizer&>())),
                    decltype(std::declval<S&>().step(std::declval<torch::optim::Optimizer&>())),
-                   decltype(std::declval<S&>().update()),
-                   decltype(std::declval<const S&>().get_scale()),
-                   decltype(std::declval<const S&>().is_enabled()),
-                   decltype(std::declval<const S&>().state_dict()),
-                   decltype(std::declval<S&>().load_state_dict(std::declval<const StateDict&>()))>>
-    : std::true_type {};
+                   decltype(std::declval<S&>().update()), decltype(std::declval<const S&>().get_scale()),
+                   decltype(std::declval<const S&>().is_enabled()), decltype(std::declval<const S&>().state_dict()),
+                   decltype(std::declval<S&>().load_state_dict(std::declval<const StateDict&>()))>> : std::true_type {};
 
 }  // namespace detail
 
@@ -108,8 +105,8 @@ struct uses_loss_scaling<S, true, true> : std::bool_constant<detail::builtin_sca
 namespace detail {
 // For the built-in scalers' headers: the definition matches builtin_scaler.
 template <class S>
-inline constexpr bool builtin_scaler_matches_v = has_loss_scaling_flag<S>::value && has_scaler_methods<S>::value &&
-                                                 S::kLossScaling == builtin_scaler<S>::loss_scaling;
+inline constexpr bool builtin_scaler_matches_v =
+    has_loss_scaling_flag<S>::value&& has_scaler_methods<S>::value&& S::kLossScaling == builtin_scaler<S>::loss_scaling;
 }  // namespace detail
 
 // True for scalers that multiply the loss (and so must unscale and check inf/NaN).

@@ -26,8 +26,7 @@ class StaticScaler : public detail::LossScalerBase {
  public:
   static constexpr bool kLossScaling = true;
 
-  explicit StaticScaler(StaticScalerOptions options = {})
-      : detail::LossScalerBase(options.enabled(), options.scale()) {
+  explicit StaticScaler(StaticScalerOptions options = {}) : detail::LossScalerBase(options.enabled(), options.scale()) {
     if (enabled_) {
       TORCH_CHECK(std::isfinite(options.scale()) && options.scale() > 0.0,
                   "amp: StaticScalerOptions::scale must be finite and > 0, got ", options.scale());
@@ -67,6 +66,7 @@ class StaticScaler : public detail::LossScalerBase {
   void load_state_dict(const c10::impl::GenericDict& state) { load_state_dict(detail::typed_state_dict(state)); }
 };
 
-static_assert(detail::builtin_scaler_matches_v<StaticScaler>, "amp: StaticScaler must match scaler_traits.h's builtin_scaler");
+static_assert(detail::builtin_scaler_matches_v<StaticScaler>,
+              "amp: StaticScaler must match scaler_traits.h's builtin_scaler");
 
 }  // namespace amp

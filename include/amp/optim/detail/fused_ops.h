@@ -47,7 +47,6 @@
 namespace amp {
 namespace detail {
 
-
 enum class FusedKind { kNone, kAdam, kAdamW, kSGD };
 
 inline const char* fused_kind_name(FusedKind kind) {
@@ -76,8 +75,9 @@ inline FusedKind kind_of_class(const torch::optim::Optimizer& optimizer) {
 }
 
 inline compat::FusedOp op_of(FusedKind kind) {
-  return kind == FusedKind::kAdam ? compat::FusedOp::kAdam
-                                  : kind == FusedKind::kAdamW ? compat::FusedOp::kAdamW : compat::FusedOp::kSgd;
+  return kind == FusedKind::kAdam    ? compat::FusedOp::kAdam
+         : kind == FusedKind::kAdamW ? compat::FusedOp::kAdamW
+                                     : compat::FusedOp::kSgd;
 }
 
 // Whether the dispatcher has a kernel of the op for `device` (CPU and CUDA:
@@ -199,8 +199,8 @@ class StepFlags {
 struct Call {
   c10::Device device;
   c10::ScalarType dtype;
-  int first_step = 0;          // SGD: 0 normal call, 1 first-step call, 2 pending (both)
-  at::Tensor pending;          // SGD, first_step == 2: the buffers' flag (1 once their first step ran)
+  int first_step = 0;  // SGD: 0 normal call, 1 first-step call, 2 pending (both)
+  at::Tensor pending;  // SGD, first_step == 2: the buffers' flag (1 once their first step ran)
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, bufs;
   std::vector<c10::TensorImpl*> impls;  // the parameters', to update their records
 };
@@ -217,9 +217,10 @@ inline Call& call_for(std::vector<Call>& calls, const at::Tensor& p, int first_s
   return calls.back();
 }
 
-static_assert(std::is_same_v<compat::OptimStateKey,
-                             typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type>,
-              "amp: compat.h's OptimStateKey is not the key of torch::optim::Optimizer::state()");
+static_assert(
+    std::is_same_v<compat::OptimStateKey,
+                   typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type>,
+    "amp: compat.h's OptimStateKey is not the key of torch::optim::Optimizer::state()");
 
 template <class... T>
 void unused(const T&...) {}
@@ -235,13 +236,13 @@ inline void adam_(bool adamw, at::TensorList params, at::TensorList grads, at::T
                   double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
                   const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf) {
   if (!adamw) {
-    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                     weight_decay, eps, amsgrad, maximize, grad_scale, found_inf);
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay,
+                     eps, amsgrad, maximize, grad_scale, found_inf);
     return;
   }
 #if AMP_DETAIL_HAS_FUSED_ADAMW
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                    weight_decay, eps, amsgrad, maximize, grad_scale, found_inf);
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay,
+                    eps, amsgrad, maximize, grad_scale, found_inf);
 #else
   unused(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay, eps,
          amsgrad, maximize, grad_scale, found_inf);
@@ -264,8 +265,8 @@ inline void sgd_(at::TensorList params, at::TensorList grads, at::TensorList mom
 }
 
 inline bool same_layout(const at::Tensor& t, const at::Tensor& p) {
-  return t.defined() && t.layout() == at::kStrided && t.device() == p.device() &&
-         t.scalar_type() == p.scalar_type() && t.sizes() == p.sizes() && t.strides() == p.strides();
+  return t.defined() && t.layout() == at::kStrided && t.device() == p.device() && t.scalar_type() == p.scalar_type() &&
+         t.sizes() == p.sizes() && t.strides() == p.strides();
 }
 
 // Checks before any kernel runs (the CPU kernels walk raw memory).
@@ -276,12 +277,12 @@ inline void check_flag(const at::Tensor& t, const char* name) {
 }
 
 inline void check_param_layout(const at::Tensor& p, const at::Tensor& grad, size_t g, size_t i) {
-  TORCH_CHECK(dtype_supported(p.scalar_type()), "amp: FusedStep: parameter ", i, " of param group ", g,
-              " has dtype ", p.scalar_type(), "; the fused kernels take Float, Double, Half and BFloat16");
+  TORCH_CHECK(dtype_supported(p.scalar_type()), "amp: FusedStep: parameter ", i, " of param group ", g, " has dtype ",
+              p.scalar_type(), "; the fused kernels take Float, Double, Half and BFloat16");
   TORCH_CHECK(p.layout() == at::kStrided && p.is_non_overlapping_and_dense(), "amp: FusedStep: parameter ", i,
               " of param group ", g, " is not a dense strided tensor");
-  TORCH_CHECK(same_layout(grad, p), "amp: FusedStep: the gradient of parameter ", i, " of param group ", g,
-              " (", grad.scalar_type(), " ", grad.device(), ", sizes ", grad.sizes(), ", strides ", grad.strides(),
+  TORCH_CHECK(same_layout(grad, p), "amp: FusedStep: the gradient of parameter ", i, " of param group ", g, " (",
+              grad.scalar_type(), " ", grad.device(), ", sizes ", grad.sizes(), ", strides ", grad.strides(),
               ") is not laid out as the parameter (", p.scalar_type(), " ", p.device(), ", sizes ", p.sizes(),
               ", strides ", p.strides(), "); the fused kernels need the same dtype, device and memory layout");
 }
@@ -296,8 +297,8 @@ inline void check_state_tensor(const at::Tensor& t, const at::Tensor& p, const c
 struct Record {
   compat::OptimStateKey key;
   torch::optim::OptimizerParamState* state = nullptr;  // the entry it was read from or made as
-  int64_t host_step = 0;   // Adam: the entry's step() when `step` was read or written
-  at::Tensor step;         // Adam: float32 counter on the parameter's device
+  int64_t host_step = 0;                               // Adam: the entry's step() when `step` was read or written
+  at::Tensor step;                                     // Adam: float32 counter on the parameter's device
   bool made_here = false;  // the entry was made by FusedStep and no step of it is known to have run
   at::Tensor pending;      // SGD: the buffer's flag while unknown whether its first step ran
 };

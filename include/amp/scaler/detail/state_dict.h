@@ -45,7 +45,6 @@ inline StateDict empty_state_dict() {
       c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
 }
 
-
 // A Dict<Any, Any> (what torch::pickle_load gives for a dict that Python
 // pickled) as a StateDict; every key must be a string.
 inline StateDict typed_state_dict(const c10::impl::GenericDict& generic) {

@@ -57,8 +57,8 @@ class PortableUnscale {
   void add(const at::Tensor& t) {
     const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
     if (bytes <= kUnscaleSmallBytes) {
-      if (!pending_.empty() && (pending_.front().scalar_type() != t.scalar_type() ||
-                                pending_bytes_ + bytes > kUnscaleChunkBytes)) {
+      if (!pending_.empty() &&
+          (pending_.front().scalar_type() != t.scalar_type() || pending_bytes_ + bytes > kUnscaleChunkBytes)) {
         flush();
       }
       pending_.push_back(t);

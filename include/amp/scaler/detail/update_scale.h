@@ -78,8 +78,7 @@ inline void portable_update_scale_(at::Tensor& scale, at::Tensor& growth_tracker
         std::isinf(ext.max_scale) ? c10::nullopt : c10::optional<at::Scalar>(ext.max_scale);
     new_scale = new_scale.clamp(lo, hi);
   }
-  const at::Tensor new_tracker =
-      at::where(found.logical_or(at_interval), at::zeros_like(growth_tracker), successful);
+  const at::Tensor new_tracker = at::where(found.logical_or(at_interval), at::zeros_like(growth_tracker), successful);
   scale.copy_(new_scale);
   growth_tracker.copy_(new_tracker);
 }
