@@ -263,7 +263,7 @@ template <class Policy>
 void precision_two_models() {
   auto pg = init();
   torch::manual_seed(static_cast<uint64_t>(pg.rank()));  // different weights: the broadcast fixes them
-  auto gen = make_net(), disc = make_net(8);             // G: 16 -> 4; D: 16 -> 4, summed
+  auto gen = make_net(), disc = make_net(8);             // G: 16 -> 4; D: 16 -> 4
   torch::optim::AdamW opt_g(gen->parameters(), torch::optim::AdamWOptions(1e-2));
   torch::optim::Adam opt_d(disc->parameters(), torch::optim::AdamOptions(1e-2));
   constexpr bool scaled = amp::policy_traits<Policy>::uses_loss_scaling;
@@ -285,12 +285,15 @@ void precision_two_models() {
     const auto d0 = disc->parameters().front().detach().clone(), g0 = gen->parameters().front().detach().clone();
     if (s == 3) scale_before = prec.scaler().get_scale();
     opt_d.zero_grad();
-    auto loss_d =
-        prec.forward([&](auto&) { return (disc->forward(x) - disc->forward(gen->forward(x).detach())).pow(2).mean(); });
+    // D fits G's (detached) output; G fits y and D's (detached) output.
+    auto loss_d = prec.forward([&](auto&) { return (disc->forward(x) - gen->forward(x).detach()).pow(2).mean(); });
     prec.backward(poison ? loss_d * std::numeric_limits<float>::infinity() : loss_d);
     prec.step(opt_d);
     opt_g.zero_grad();
-    prec.backward(prec.forward([&](auto&) { return (disc->forward(gen->forward(x)) - y).pow(2).mean(); }));
+    prec.backward(prec.forward([&](auto&) {
+      const auto g = gen->forward(x);
+      return (g - y).pow(2).mean() + (g - disc->forward(x).detach()).pow(2).mean();
+    }));
     prec.step(opt_g);
     prec.update();
     if (scaled && s == 3) {
