@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every C++ file follows .clang-format, and no line in include/ runs past 120
 # columns: tools/format_check.sh [CLANG_FORMAT]. Prints one line per failing
-# file and "Format (clang-format X): N passed, M failed" to fd 3 (or stdout).
+# file and, as one check, "Format (clang-format X, N files): 1 passed, 0 failed"
+# (or "0 passed, 1 failed") to fd 3 (or stdout).
 # Fix with: clang-format -i $(git ls-files '*.h' '*.cc')
 set -u
 cd "$(dirname "$0")/.."
@@ -22,5 +23,9 @@ while IFS= read -r f; do
     echo "FAIL format: $f (clang-format -i $f)" >&2
   fi
 done < <(git ls-files '*.h' '*.cc')
-echo "Format (clang-format $version): $passed passed, $failed failed" >&3
-[ "$failed" -eq 0 ]
+if [ "$failed" -eq 0 ]; then
+  echo "Format (clang-format $version, $passed files): 1 passed, 0 failed" >&3
+else
+  echo "Format (clang-format $version, $failed of $((passed + failed)) files off): 0 passed, 1 failed" >&3
+  exit 1
+fi
