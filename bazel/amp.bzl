@@ -38,15 +38,18 @@ def amp_cc_benchmark(name, srcs, deps = [], copts = [], **kw):
 def compile_check_test(name, script, args, data, size = "small"):
     """A check that only compiles, split so that no test timeout covers the
     compiler: a build action runs `script args` and records its output and
-    exit status (it never fails the build); the test reports that record and
-    fails with the check's status. On a loaded machine the compiles are
-    slower, not failed."""
+    verdict (exit status 0 or 1; the script exits 1 when the check fails); the
+    test reports that record and fails with the check's status. On a loaded
+    machine the compiles are slower, not failed."""
     native.genrule(
         name = name + "_compile",
         srcs = data + [script],
         outs = [name + ".compile.log"],
-        # Bazel's genrule shell runs with `set -e`: keep the status, not the shell's exit.
-        cmd = "s=0; bash $(location %s) %s >$@ 2>&1 || s=$$?; echo \"exit status $$s\" >>$@" % (script, " ".join(args)),
+        # Bazel's genrule shell runs with `set -e`: keep the check's verdict (0 or
+        # 1) as the record; any other status (126/127: the script could not run)
+        # fails the action, so that a broken environment is never cached as a result.
+        cmd = ("s=0; bash $(location %s) %s >$@ 2>&1 || s=$$?; echo \"exit status $$s\" >>$@; " +
+               "if [ $$s -gt 1 ]; then cat $@; exit $$s; fi") % (script, " ".join(args)),
         testonly = True,
     )
     native.sh_test(
