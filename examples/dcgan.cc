@@ -35,11 +35,10 @@ struct GeneratorImpl : torch::nn::Module {
   GeneratorImpl() {
     using namespace torch::nn;
     project = register_module("project", Linear(kNoise, 64 * 4 * 4));
-    body = register_module("body", Sequential(BatchNorm2d(64), ReLU(),
-                                              ConvTranspose2d(ConvTranspose2dOptions(64, 32, 4).stride(2).padding(1)),
-                                              BatchNorm2d(32), ReLU(),
-                                              ConvTranspose2d(ConvTranspose2dOptions(32, 1, 4).stride(2).padding(1)),
-                                              Tanh()));
+    body = register_module(
+        "body", Sequential(BatchNorm2d(64), ReLU(),
+                           ConvTranspose2d(ConvTranspose2dOptions(64, 32, 4).stride(2).padding(1)), BatchNorm2d(32),
+                           ReLU(), ConvTranspose2d(ConvTranspose2dOptions(32, 1, 4).stride(2).padding(1)), Tanh()));
   }
   torch::Tensor forward(const torch::Tensor& z) { return body->forward(project->forward(z).view({-1, 64, 4, 4})); }
   torch::nn::Linear project{nullptr};
@@ -50,11 +49,11 @@ TORCH_MODULE(Generator);
 struct DiscriminatorImpl : torch::nn::Module {
   DiscriminatorImpl() {
     using namespace torch::nn;
-    body = register_module("body", Sequential(Conv2d(Conv2dOptions(1, 32, 4).stride(2).padding(1)),
-                                              LeakyReLU(LeakyReLUOptions().negative_slope(0.2)),
-                                              Conv2d(Conv2dOptions(32, 64, 4).stride(2).padding(1)),
-                                              LeakyReLU(LeakyReLUOptions().negative_slope(0.2)), Flatten(),
-                                              Linear(64 * 4 * 4, 1)));
+    body = register_module(
+        "body", Sequential(Conv2d(Conv2dOptions(1, 32, 4).stride(2).padding(1)),
+                           LeakyReLU(LeakyReLUOptions().negative_slope(0.2)),
+                           Conv2d(Conv2dOptions(32, 64, 4).stride(2).padding(1)),
+                           LeakyReLU(LeakyReLUOptions().negative_slope(0.2)), Flatten(), Linear(64 * 4 * 4, 1)));
   }
   torch::Tensor forward(const torch::Tensor& x) { return body->forward(x); }
   torch::nn::Sequential body{nullptr};
@@ -89,9 +88,7 @@ void train() {
     const auto z = torch::randn({kBatch, kNoise});
     // The discriminator: real images -> 1, generated ones -> 0.
     opt_d.zero_grad();
-    const auto loss_d = prec.forward([&](auto&) {
-      return bce(disc(real), 1.0) + bce(disc(gen(z).detach()), 0.0);
-    });
+    const auto loss_d = prec.forward([&](auto&) { return bce(disc(real), 1.0) + bce(disc(gen(z).detach()), 0.0); });
     prec.backward(loss_d);
     prec.step(opt_d);
     // The generator: make the discriminator say 1.
@@ -108,8 +105,8 @@ void train() {
   // Evaluation: BatchNorm on its running statistics, no autograd, bf16 autocast.
   const torch::Tensor fake = prec.evaluate([&](auto&) { return gen(torch::randn({256, kNoise})).to(torch::kFloat); });
   const auto real = squares(256);
-  std::printf("generated: mean pixel %.3f (real %.3f), bright pixels %.1f%% (real %.1f%%)\n",
-              mean_of(fake), mean_of(real), 100 * mean_of(fake > 0), 100 * mean_of(real > 0));
+  std::printf("generated: mean pixel %.3f (real %.3f), bright pixels %.1f%% (real %.1f%%)\n", mean_of(fake),
+              mean_of(real), 100 * mean_of(fake > 0), 100 * mean_of(real > 0));
 
   prec.save("dcgan.pt");  // both models, both optimizers, the scaler, the iteration count; atomic
   prec.load("dcgan.pt");
