@@ -1,0 +1,30 @@
+// amp/detail/compat_float8.h: what each LibTorch has for float8 matmuls.
+//
+// at::_scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype,
+// use_fast_accum) returning one tensor: 2.5 (2.1-2.4 returned (out, amax));
+// the float8 dtypes themselves are 2.1. A CPU kernel arrived in 2.8
+// (tensorwise scales; emulated in fp32 where the CPU lacks AMX: for
+// correctness, not speed). On CUDA it needs compute capability 8.9+, which is
+// a run-time question.
+#pragma once
+
+#include "amp/version.h"
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+#define AMP_DETAIL_HAS_FLOAT8_MATMUL 1
+#else
+#define AMP_DETAIL_HAS_FLOAT8_MATMUL 0
+#endif
+
+namespace amp {
+namespace detail {
+namespace compat {
+
+inline constexpr bool kHasFloat8Matmul = AMP_DETAIL_HAS_FLOAT8_MATMUL;
+inline constexpr bool kCpuHasScaledMm = libtorch_at_least(2, 8);
+static_assert(kHasFloat8Matmul == libtorch_at_least(2, 5),
+              "amp: compat_float8.h's float8 switch disagrees with version.h");
+
+}  // namespace compat
+}  // namespace detail
+}  // namespace amp

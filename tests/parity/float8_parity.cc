@@ -1,0 +1,92 @@
+// tests/parity/float8_parity.cc: the C++ half of the float8 parity check.
+//
+//   float8_parity OUT_DIR
+//
+// Trains an MLP of torch::nn::Linear layers (64-128-128-10, batch 24) for 100
+// steps with its linears in float8 (amp/float8/linear.h: tensorwise scaling,
+// e4m3 forward, e5m2 output gradients) and everything else under bf16
+// autocast, SGD with momentum; the last layer (10 outputs) does not fit
+// _scaled_mm and stays bf16; the batch of 24 takes dW's padding path.
+// Writes per-step losses (float bits) to OUT_DIR/cpp_steps.txt and the final
+// parameters to OUT_DIR/cpp_<run>.pt for float8_twin.py, which trains the same
+// recipe written in plain Python torch (torch._scaled_mm in a
+// torch.autograd.Function) and compares bit for bit.
+//   fp8-tensorwise-mlp   the model's own forward (the C++ modules routed to
+//                        float8::linear by a region with float8::LinearGuard)
+// Needs a CPU _scaled_mm (LibTorch 2.8+): before, it writes nothing and says so.
+#include <torch/torch.h>
+
+#include <amp/amp.h>
+#include <amp/float8/linear.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kSteps = 100;
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+torch::nn::Sequential make_mlp() {
+  torch::manual_seed(0);
+  auto m = torch::nn::Sequential(torch::nn::Linear(64, 128), torch::nn::ReLU(), torch::nn::Linear(128, 128),
+                                 torch::nn::ReLU(), torch::nn::Linear(128, 10));
+  torch::NoGradGuard no_grad;  // explicit randn weights: the same numbers in C++ and Python
+  for (auto& p : m->parameters()) p.copy_(torch::randn(p.sizes()) * 0.05);
+  return m;
+}
+
+void save(const std::string& path, torch::nn::Module& m) {
+  c10::List<torch::Tensor> list;
+  for (const auto& p : m.parameters()) list.push_back(p.detach());
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(list));
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: float8_parity OUT_DIR\n";
+    return 2;
+  }
+  const std::string out = argv[1];
+  std::cout << "float8_parity: LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << " on cpu\n";
+#if AMP_DETAIL_HAS_FLOAT8_MATMUL
+  if constexpr (amp::detail::compat::kCpuHasScaledMm) {
+    std::ofstream steps(out + "/cpp_steps.txt");
+    const std::string run = "fp8-tensorwise-mlp";
+    auto model = make_mlp();
+    torch::manual_seed(1);
+    const auto x = torch::randn({kSteps, 24, 64}) * 4;
+    const auto y = torch::randint(0, 10, {kSteps, 24}, torch::kLong);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    for (int i = 0; i < kSteps; ++i) {
+      opt.zero_grad();
+      torch::Tensor loss;
+      {
+        amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> region;
+        amp::float8::LinearGuard fp8;
+        loss = torch::nn::functional::cross_entropy(model->forward(x[i]), y[i]);
+      }
+      loss.backward();
+      opt.step();
+      steps << run << " " << i << " " << bits(loss.item<float>()) << "\n";
+    }
+    save(out + "/cpp_" + run + ".pt", *model);
+    std::cout << run << ": " << kSteps << " steps written\n";
+    return 0;
+  }
+#endif
+  std::cout << "skipped: float8 on CPU needs LibTorch 2.8+ (a CPU at::_scaled_mm)\n";
+  return 0;
+}
