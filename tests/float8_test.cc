@@ -6,6 +6,7 @@
 //
 //   bazel test //tests:float8_test
 #include "amp/float8/linear.h"
+#include "amp/float8/delayed.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -186,6 +187,92 @@ TEST(Float8Linear, RoutedModulesRunTheFloat8Path) {
   EXPECT_TRUE(torch::equal(routed, by_hand));
   EXPECT_FALSE(torch::equal(routed, plain));
   EXPECT_EQ(amp::detail::set_linear_fn(nullptr), nullptr);  // the guard put the default back
+}
+
+// --- delayed scaling in the linear (amp/float8/delayed.h) ---
+
+TEST(Float8DelayedScaling, TracksTheLinearsThatFitByTheirPath) {
+  torch::nn::Sequential net(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 10));
+  f8::DelayedScaling fp8(f8::DelayedOptions().history_length(4));
+  EXPECT_EQ(fp8.track(*net), 1);
+  EXPECT_EQ(fp8.tracked(), (std::vector<std::string>{"0"}));
+  std::vector<std::string> keys;
+  for (const auto& item : fp8.state_dict()) keys.push_back(item.key());
+  EXPECT_EQ(keys, (std::vector<std::string>{"0.fwd_amax_history", "0.fwd_scale", "0.bwd_amax_history", "0.bwd_scale"}));
+  EXPECT_EQ(fp8.state_dict()["0.fwd_amax_history"].sizes(), (std::vector<int64_t>{4, 2}));
+  // the same model again: an error that adds nothing
+  EXPECT_NE(error_of([&] { fp8.track(*net); }).find("amp: the weight 0 is already tracked"), std::string::npos);
+  EXPECT_EQ(fp8.tracked().size(), 1u);
+  EXPECT_NE(error_of([] { f8::DelayedOptions().history_length(0); }).find("amp: DelayedOptions::history_length"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { f8::DelayedOptions().margin(-1); }).find("amp: DelayedOptions::margin"), std::string::npos);
+}
+
+// One step by hand: the amaxes land in slot 0, the casts use the scales of
+// before (1), update() turns the amaxes into scales and rolls the history.
+TEST(Float8DelayedScaling, AStepKeepsTheAmaxesAndUpdateMakesTheScales) {
+  SKIP_WITHOUT_CPU_FLOAT8();
+  torch::manual_seed(5);
+  torch::nn::Linear fc(32, 16);
+  f8::DelayedScaling fp8(f8::DelayedOptions().history_length(3).margin(1));
+  fp8.track(*fc);
+  const auto x = torch::randn({8, 32}), dy = torch::randn({8, 16});
+  torch::Tensor y;
+  {
+    amp::Region<Bf16, amp::CPU> region;
+    f8::DelayedLinearGuard guard(fp8);
+    y = fc->forward(x);
+  }
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  y.backward(dy.to(torch::kBFloat16));
+  auto state = fp8.state_dict();
+  const float amax_x = x.to(torch::kBFloat16).abs().max().item<float>();
+  const float amax_w = fc->weight.abs().max().item<float>();
+  const float amax_g = dy.to(torch::kBFloat16).abs().max().item<float>();
+  EXPECT_TRUE(
+      torch::equal(state["linear.fwd_amax_history"], torch::tensor({{amax_x, amax_w}, {0.0f, 0.0f}, {0.0f, 0.0f}})));
+  EXPECT_TRUE(torch::equal(state["linear.bwd_amax_history"], torch::tensor({{amax_g}, {0.0f}, {0.0f}})));
+  EXPECT_TRUE(torch::equal(state["linear.fwd_scale"], f32({1.0f, 1.0f})));
+  fp8.update();
+  // (fp8_max / amax) / 2^margin, as TE computes it (reciprocal, then multiply)
+  const auto expected_fwd = torch::tensor({amax_x, amax_w}).reciprocal() * 448.0 / 2.0;
+  EXPECT_TRUE(torch::equal(state["linear.fwd_scale"], expected_fwd));
+  EXPECT_TRUE(torch::equal(state["linear.bwd_scale"], torch::tensor({amax_g}).reciprocal() * 57344.0 / 2.0));
+  EXPECT_TRUE(
+      torch::equal(state["linear.fwd_amax_history"], torch::tensor({{0.0f, 0.0f}, {0.0f, 0.0f}, {amax_x, amax_w}})));
+}
+
+TEST(Float8DelayedScaling, AnUntrackedWeightThatFitsIsAnError) {
+  SKIP_WITHOUT_CPU_FLOAT8();
+  torch::nn::Linear tracked(32, 16), other(16, 16), small(16, 10);
+  f8::DelayedScaling fp8;
+  fp8.track(*tracked);
+  amp::Region<Bf16, amp::CPU> region;
+  f8::DelayedLinearGuard guard(fp8);
+  const auto h = tracked->forward(torch::randn({4, 32}));
+  EXPECT_NO_THROW(small->forward(h));  // does not fit: bf16
+  EXPECT_NE(error_of([&] { other->forward(h); }).find("fits float8 but this DelayedScaling does not track it"),
+            std::string::npos);
+}
+
+TEST(Float8DelayedScaling, LoadStateDictChecksEverythingFirst) {
+  torch::nn::Linear fc(32, 16);
+  f8::DelayedScaling a(f8::DelayedOptions().history_length(4)), b(f8::DelayedOptions().history_length(4)),
+      shorter(f8::DelayedOptions().history_length(2));
+  a.track(*fc);
+  b.track(*fc);
+  shorter.track(*fc);
+  a.state_dict()["linear.fwd_amax_history"].fill_(3.0f);
+  a.state_dict()["linear.bwd_scale"].fill_(7.0f);
+  b.load_state_dict(a.state_dict());
+  for (const auto& item : a.state_dict()) EXPECT_TRUE(torch::equal(item.value(), b.state_dict()[item.key()]));
+  const auto before = torch::ones({1});
+  EXPECT_NE(error_of([&] { shorter.load_state_dict(a.state_dict()); }).find("(another history length?)"),
+            std::string::npos);
+  EXPECT_TRUE(torch::equal(shorter.state_dict()["linear.bwd_scale"], before));  // unchanged
+  f8::DelayedScaling none;
+  EXPECT_NE(error_of([&] { none.load_state_dict(a.state_dict()); }).find("track the same linears before loading"),
+            std::string::npos);
 }
 
 #endif  // AMP_DETAIL_HAS_FLOAT8_MATMUL

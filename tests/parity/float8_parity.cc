@@ -13,16 +13,21 @@
 // torch.autograd.Function) and compares bit for bit.
 //   fp8-tensorwise-mlp   the model's own forward (the C++ modules routed to
 //                        float8::linear by a region with float8::LinearGuard)
+//   fp8-delayed-mlp      the same with delayed scaling (amp/float8/delayed.h,
+//                        history 16, so it rolls past its length): also the
+//                        final amax histories and scales (cpp_<run>_fp8.pt)
 // Needs a CPU _scaled_mm (LibTorch 2.8+): before, it writes nothing and says so.
 #include <torch/torch.h>
 
 #include <amp/amp.h>
+#include <amp/float8/delayed.h>
 #include <amp/float8/linear.h>
 
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,12 +50,53 @@ torch::nn::Sequential make_mlp() {
   return m;
 }
 
-void save(const std::string& path, torch::nn::Module& m) {
+void save(const std::string& path, const std::vector<torch::Tensor>& tensors) {
   c10::List<torch::Tensor> list;
-  for (const auto& p : m.parameters()) list.push_back(p.detach());
+  for (const auto& t : tensors) list.push_back(t.detach());
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(list));
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
+
+#if AMP_DETAIL_HAS_FLOAT8_MATMUL
+void run_mlp(std::ofstream& steps, const std::string& out, const std::string& run, bool delayed) {
+  auto model = make_mlp();
+  torch::manual_seed(1);
+  const auto x = torch::randn({kSteps, 24, 64}) * 4;
+  const auto y = torch::randint(0, 10, {kSteps, 24}, torch::kLong);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::optional<amp::float8::DelayedScaling> fp8;
+  if (delayed) {
+    fp8.emplace(amp::float8::DelayedOptions().history_length(16));
+    fp8->track(*model);
+  }
+  auto loss_of = [&](int i) { return torch::nn::functional::cross_entropy(model->forward(x[i]), y[i]); };
+  for (int i = 0; i < kSteps; ++i) {
+    opt.zero_grad();
+    torch::Tensor loss;
+    {
+      amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> region;
+      if (delayed) {
+        amp::float8::DelayedLinearGuard guard(*fp8);
+        loss = loss_of(i);
+      } else {
+        amp::float8::LinearGuard guard;
+        loss = loss_of(i);
+      }
+    }
+    loss.backward();
+    opt.step();
+    if (delayed) fp8->update();
+    steps << run << " " << i << " " << bits(loss.item<float>()) << "\n";
+  }
+  save(out + "/cpp_" + run + ".pt", model->parameters());
+  if (delayed) {
+    std::vector<torch::Tensor> state;
+    for (const auto& item : fp8->state_dict()) state.push_back(item.value());
+    save(out + "/cpp_" + run + "_fp8.pt", state);
+  }
+  std::cout << run << ": " << kSteps << " steps written\n";
+}
+#endif
 
 }  // namespace
 
@@ -64,26 +110,8 @@ int main(int argc, char** argv) {
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
   if constexpr (amp::detail::compat::kCpuHasScaledMm) {
     std::ofstream steps(out + "/cpp_steps.txt");
-    const std::string run = "fp8-tensorwise-mlp";
-    auto model = make_mlp();
-    torch::manual_seed(1);
-    const auto x = torch::randn({kSteps, 24, 64}) * 4;
-    const auto y = torch::randint(0, 10, {kSteps, 24}, torch::kLong);
-    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    for (int i = 0; i < kSteps; ++i) {
-      opt.zero_grad();
-      torch::Tensor loss;
-      {
-        amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> region;
-        amp::float8::LinearGuard fp8;
-        loss = torch::nn::functional::cross_entropy(model->forward(x[i]), y[i]);
-      }
-      loss.backward();
-      opt.step();
-      steps << run << " " << i << " " << bits(loss.item<float>()) << "\n";
-    }
-    save(out + "/cpp_" + run + ".pt", *model);
-    std::cout << run << ": " << kSteps << " steps written\n";
+    run_mlp(steps, out, "fp8-tensorwise-mlp", false);
+    run_mlp(steps, out, "fp8-delayed-mlp", true);
     return 0;
   }
 #endif

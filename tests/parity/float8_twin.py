@@ -3,9 +3,11 @@
     float8_twin.py OUT_DIR
 
 The same recipe written in plain torch: torchao.float8's tensorwise dynamic
-scaling (float8_utils.py's amax_to_scale and to_fp8_saturated), e4m3 for
-inputs and weights, e5m2 for output gradients, torch._scaled_mm in a
-torch.autograd.Function, the rest under torch.autocast("cpu", bfloat16).
+scaling (float8_utils.py's amax_to_scale and to_fp8_saturated), or Transformer
+Engine's delayed scaling (pytorch/fp8.py: _default_get_amax_and_update_history
+with "max", _default_sf_compute), e4m3 for inputs and weights, e5m2 for output
+gradients, torch._scaled_mm in a torch.autograd.Function, the rest under
+torch.autocast("cpu", bfloat16).
 Trains what the C++ half trained and compares losses and final parameters
 bit for bit. Exits 1 on any difference.
 """
@@ -47,37 +49,78 @@ def pad_rows_to_16(t):
     return out
 
 
-class TensorwiseMatmul(torch.autograd.Function):
+def scale_for(t, f8, history, scale, role):
+    amax = t.abs().max()
+    if history is None:  # tensorwise: from this tensor's own amax
+        return amax_to_scale(amax, f8)
+    slot = history[0, role]  # delayed: the amax kept (the step's largest), the scale from earlier steps
+    slot.copy_(torch.maximum(slot, amax))
+    return scale[role].clone()
+
+
+class Float8Matmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w):
-        sx = amax_to_scale(x.abs().max(), E4M3)
-        sw = amax_to_scale(w.abs().max(), E4M3)
+    def forward(ctx, x, w, slots):
+        fh, fs = (slots["fwd_history"], slots["fwd_scale"]) if slots else (None, None)
+        sx = scale_for(x, E4M3, fh, fs, 0)
+        sw = scale_for(w, E4M3, fh, fs, 1)
         x8, w8 = to_fp8_saturated(x, sx, E4M3), to_fp8_saturated(w, sw, E4M3)
         ctx.save_for_backward(x8, sx, w8, sw)
         ctx.w_dtype = w.dtype
+        ctx.slots = slots
         return scaled_mm(x8, w8.t(), sx, sw, x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         x8, sx, w8, sw = ctx.saved_tensors
         dy = grad.contiguous()
-        sg = amax_to_scale(dy.abs().max(), E5M2)
+        s = ctx.slots
+        sg = scale_for(dy, E5M2, s["bwd_history"] if s else None, s["bwd_scale"] if s else None, 0)
         g8 = to_fp8_saturated(dy, sg, E5M2)
         dx = scaled_mm(g8, w8.t().contiguous().t(), sg, sw, dy.dtype)
         g8p, x8p = pad_rows_to_16(g8), pad_rows_to_16(x8)
         dw = scaled_mm(g8p.t().contiguous(), x8p.t().contiguous().t(), sg, sx, dy.dtype)
-        return dx, dw.to(ctx.w_dtype)
+        return dx, dw.to(ctx.w_dtype), None
+
+
+def delayed_update(history, scale, fp8_max, margin):  # TE, amax_compute_algo "max"
+    amax = torch.max(history, dim=0).values
+    sf = (fp8_max / amax) / (2.0 ** margin)
+    sf = torch.where(amax > 0.0, sf, scale)
+    sf = torch.where(torch.isfinite(amax), sf, scale)
+    history.copy_(torch.roll(history, -1, 0))
+    history[0].fill_(0.0)
+    return sf
+
+
+class Delayed:
+    def __init__(self, model, length, margin=0):
+        self.margin = margin
+        self.slots = {}  # id(weight) -> state, in named_modules order
+        for _, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear) and fits(m.weight):
+                self.slots[id(m.weight)] = {"fwd_history": torch.zeros(length, 2), "fwd_scale": torch.ones(2),
+                                            "bwd_history": torch.zeros(length, 1), "bwd_scale": torch.ones(1)}
+
+    def update(self):
+        for s in self.slots.values():
+            s["fwd_scale"].copy_(delayed_update(s["fwd_history"], s["fwd_scale"], torch.finfo(E4M3).max, self.margin))
+            s["bwd_scale"].copy_(delayed_update(s["bwd_history"], s["bwd_scale"], torch.finfo(E5M2).max, self.margin))
+
+    def state(self):
+        return [t for s in self.slots.values() for t in (s["fwd_history"], s["fwd_scale"], s["bwd_history"],
+                                                           s["bwd_scale"])]
 
 
 def fits(w):
     return w.dim() == 2 and w.shape[0] % 16 == 0 and w.shape[1] % 16 == 0
 
 
-def fp8_linear(input, weight, bias):
+def fp8_linear(input, weight, bias, delayed=None):
     if not fits(weight):
         return F.linear(input, weight, bias)
     x = input.to(torch.bfloat16)
-    y = TensorwiseMatmul.apply(x.reshape(-1, x.shape[-1]), weight)
+    y = Float8Matmul.apply(x.reshape(-1, x.shape[-1]), weight, delayed.slots[id(weight)] if delayed else None)
     y = y.reshape(tuple(input.shape[:-1]) + (weight.shape[0],))
     if bias is not None:
         y = y + bias.to(torch.bfloat16)
@@ -94,14 +137,15 @@ def make_mlp():
     return m
 
 
-def forward(model, x):
+def forward(model, x, delayed):
     for layer in model:
-        x = fp8_linear(x, layer.weight, layer.bias) if isinstance(layer, torch.nn.Linear) else layer(x)
+        x = fp8_linear(x, layer.weight, layer.bias, delayed) if isinstance(layer, torch.nn.Linear) else layer(x)
     return x
 
 
-def run_mlp():
+def run_mlp(delayed):
     model = make_mlp()
+    fp8 = Delayed(model, 16) if delayed else None
     torch.manual_seed(1)
     x = torch.randn(STEPS, 24, 64) * 4
     y = torch.randint(0, 10, (STEPS, 24))
@@ -110,14 +154,16 @@ def run_mlp():
     for i in range(STEPS):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = F.cross_entropy(forward(model, x[i]), y[i])
+            loss = F.cross_entropy(forward(model, x[i], fp8), y[i])
         loss.backward()
         opt.step()
+        if fp8:
+            fp8.update()
         losses.append(bits(loss.item()))
-    return losses, [p.detach() for p in model.parameters()]
+    return losses, [p.detach() for p in model.parameters()], fp8.state() if fp8 else None
 
 
-RUNS = {"fp8-tensorwise-mlp": run_mlp}
+RUNS = {"fp8-tensorwise-mlp": lambda: run_mlp(False), "fp8-delayed-mlp": lambda: run_mlp(True)}
 
 
 def main(out):
@@ -131,10 +177,17 @@ def main(out):
         return 1
     failures = 0
     for name, run in RUNS.items():
-        losses, params = run()
+        losses, params, state = run()
         diff = [i for i, b in enumerate(losses) if cpp[name].get(i) != b]
         cpp_params = torch.load(f"{out}/cpp_{name}.pt", weights_only=False)
         same = len(cpp_params) == len(params) and all(torch.equal(a, b) for a, b in zip(cpp_params, params))
+        if state is not None:  # the amax histories and scales too
+            cpp_state = torch.load(f"{out}/cpp_{name}_fp8.pt", weights_only=False)
+            same_state = len(cpp_state) == len(state) and all(torch.equal(a, b) for a, b in zip(cpp_state, state))
+            moved = all(not torch.equal(s, torch.ones_like(s)) for s in state[1::2])  # every scale left 1
+            print(f"     {name}: amax histories and scales {'bitwise equal' if same_state else 'DIFFER'}"
+                  f"{'' if moved else ' (a scale never moved from 1)'}")
+            same = same and same_state and moved
         first = struct.unpack("<f", struct.pack("<I", losses[0]))[0]
         last = struct.unpack("<f", struct.pack("<I", losses[-1]))[0]
         ok = not diff and same and len(cpp[name]) == STEPS

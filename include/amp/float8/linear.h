@@ -60,15 +60,43 @@ inline at::Tensor pad_rows_to_16(const at::Tensor& t) {
   return out;
 }
 
-// x [M, K] (compute dtype) · w [N, K]ᵀ (fp32 master weight) -> [M, N] in x's dtype.
-struct TensorwiseMatmul : torch::autograd::Function<TensorwiseMatmul> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
-    const at::Tensor x_scale = scale_from_amax(amax_of(x), kE4M3);
-    const at::Tensor w_scale = scale_from_amax(amax_of(w), kE4M3);
+// Delayed scaling's state for one linear (TE's layout): the forward's group
+// (roles 0 input, 1 weight; e4m3) and the backward's (role 0 output
+// gradient; e5m2), each an amax history [length, roles] and a scale [roles],
+// fp32 on the weight's device. amp/float8/delayed.h owns and updates them.
+struct DelayedSlots {
+  at::Tensor fwd_history, fwd_scale, bwd_history, bwd_scale;
+};
+
+// The scale of tensor t in role `role` of a group: its own amax's
+// (tensorwise current scaling, slots null) or the group's delayed scale, the
+// amax then kept in the history's slot 0 (the largest of the step's calls).
+inline at::Tensor scale_for(const at::Tensor& t, at::ScalarType fp8, const at::Tensor* history, const at::Tensor* scale,
+                            int64_t role) {
+  const at::Tensor amax = amax_of(t);
+  if (history == nullptr) return scale_from_amax(amax, fp8);
+  at::Tensor slot = history->select(0, 0).select(0, role);
+  slot.copy_(at::maximum(slot, amax));
+  return scale->select(0, role).clone();
+}
+
+// x [M, K] (compute dtype) · w [N, K]ᵀ (fp32 master weight) -> [M, N] in x's
+// dtype; delayed scaling when `slots` is not null, tensorwise otherwise.
+struct Float8Matmul : torch::autograd::Function<Float8Matmul> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const DelayedSlots* slots) {
+    const at::Tensor* history = slots ? &slots->fwd_history : nullptr;
+    const at::Tensor* scale = slots ? &slots->fwd_scale : nullptr;
+    const at::Tensor x_scale = scale_for(x, kE4M3, history, scale, 0);
+    const at::Tensor w_scale = scale_for(w, kE4M3, history, scale, 1);
     const at::Tensor x8 = to_float8(x, x_scale, kE4M3);
     const at::Tensor w8 = to_float8(w, w_scale, kE4M3);
     ctx->save_for_backward({x8, x_scale, w8, w_scale});
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    if (slots) {
+      ctx->saved_data["bwd_history"] = slots->bwd_history;  // the same tensors: backward records into them
+      ctx->saved_data["bwd_scale"] = slots->bwd_scale;
+    }
     return scaled_mm(x8, w8.t(), x_scale, w_scale, x.scalar_type());
   }
 
@@ -77,7 +105,14 @@ struct TensorwiseMatmul : torch::autograd::Function<TensorwiseMatmul> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x8 = saved[0], &x_scale = saved[1], &w8 = saved[2], &w_scale = saved[3];
     const at::Tensor dy = grads[0].contiguous();
-    const at::Tensor g_scale = scale_from_amax(amax_of(dy), kE5M2);
+    at::Tensor g_scale;
+    if (ctx->saved_data.count("bwd_history")) {
+      const at::Tensor history = ctx->saved_data["bwd_history"].toTensor();
+      const at::Tensor scale = ctx->saved_data["bwd_scale"].toTensor();
+      g_scale = scale_for(dy, kE5M2, &history, &scale, 0);
+    } else {
+      g_scale = scale_for(dy, kE5M2, nullptr, nullptr, 0);
+    }
     const at::Tensor g8 = to_float8(dy, g_scale, kE5M2);
     // dX [M, K] = dY [M, N] · W [N, K] (W column-major).
     const at::Tensor dx = scaled_mm(g8, w8.t().contiguous().t(), g_scale, w_scale, dy.scalar_type());
@@ -85,9 +120,25 @@ struct TensorwiseMatmul : torch::autograd::Function<TensorwiseMatmul> {
     const at::Tensor g8p = pad_rows_to_16(g8), x8p = pad_rows_to_16(x8);
     const at::Tensor dw = scaled_mm(g8p.t().contiguous(), x8p.t().contiguous().t(), g_scale, x_scale, dy.scalar_type());
     const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-    return {dx, dw.to(w_dtype)};
+    return {dx, dw.to(w_dtype), at::Tensor()};
   }
 };
+
+// float8::linear's body, with delayed scaling when `slots` is not null.
+inline at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias, const DelayedSlots* slots) {
+  // amp's own casts, not the user's: strict casts do not see them.
+  c10::impl::ExcludeDispatchKeyGuard not_user_code(amp::detail::kStrictCastsKey);
+  TORCH_CHECK(input.dim() >= 1 && input.size(-1) == weight.size(1), "amp: float8::linear got input ", input.sizes(),
+              " for a weight ", weight.sizes(), "; the input's last dimension must be the weight's second");
+  const at::Tensor x = input.to(kComputeDtype);
+  at::Tensor y = Float8Matmul::apply(x.reshape({-1, x.size(-1)}), weight, slots);
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape.back() = weight.size(0);
+  y = y.reshape(shape);
+  if (bias && bias->defined()) y = y + bias->to(kComputeDtype);
+  return y;
+}
 
 }  // namespace detail
 
@@ -96,17 +147,7 @@ struct TensorwiseMatmul : torch::autograd::Function<TensorwiseMatmul> {
 inline at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
                          const c10::optional<at::Tensor>& bias = c10::nullopt) {
   if (!fits(weight)) return at::linear(input, weight, bias);
-  // amp's own casts, not the user's: strict casts do not see them.
-  c10::impl::ExcludeDispatchKeyGuard not_user_code(amp::detail::kStrictCastsKey);
-  TORCH_CHECK(input.dim() >= 1 && input.size(-1) == weight.size(1), "amp: float8::linear got input ", input.sizes(),
-              " for a weight ", weight.sizes(), "; the input's last dimension must be the weight's second");
-  const at::Tensor x = input.to(kComputeDtype);
-  at::Tensor y = detail::TensorwiseMatmul::apply(x.reshape({-1, x.size(-1)}), weight);
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape.back() = weight.size(0);
-  y = y.reshape(shape);
-  if (bias && bias->defined()) y = y + bias->to(kComputeDtype);
-  return y;
+  return detail::float8_linear(input, weight, bias, nullptr);
 }
 
 // RAII: while it lives, every linear that a routing region routes on this
