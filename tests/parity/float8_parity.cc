@@ -33,6 +33,7 @@
 
 namespace {
 
+#if AMP_DETAIL_HAS_FLOAT8_MATMUL
 constexpr int kSteps = 100;
 
 uint32_t bits(float f) {
@@ -57,7 +58,6 @@ void save(const std::string& path, const std::vector<torch::Tensor>& tensors) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-#if AMP_DETAIL_HAS_FLOAT8_MATMUL
 void run_mlp(std::ofstream& steps, const std::string& out, const std::string& run, bool delayed) {
   auto model = make_mlp();
   torch::manual_seed(1);
