@@ -13,7 +13,7 @@
 #include <torch/torch.h>
 
 #include <amp/distributed.h>
-#include <amp/trainer.h>
+#include <amp/train/trainer.h>
 
 #include <cstdlib>
 #include <optional>

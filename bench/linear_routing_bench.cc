@@ -1,4 +1,4 @@
-// bench/linear_routing_bench.cc: what linear routing (amp/linear_routing.h)
+// bench/linear_routing_bench.cc: what linear routing (amp/precision/linear_routing.h)
 // costs or saves on a model that calls one layer many times per step.
 //
 //   bazel run -c opt //bench:linear_routing_bench

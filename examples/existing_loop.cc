@@ -9,7 +9,7 @@
 // and is a pass-through, exactly as torch's `GradScaler(enabled=False)`.
 #include <torch/torch.h>
 
-#include <amp/autocast.h>
+#include <amp/precision/autocast.h>
 #include <amp/scaler/dynamic_scaler.h>
 
 #include <iostream>

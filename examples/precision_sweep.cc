@@ -185,7 +185,7 @@ Row run_policy(const Config& cfg, const Task& task, torch::Device device) {
   const auto t0 = std::chrono::steady_clock::now();
   row.history = trainer.fit(
       batches, [&](Region&, const Batch& batch) { return loss_of(model, batch); },
-      amp::FitOptions().epochs(epochs).max_steps(cfg.steps).log_every(50));
+      amp::FitOptions().max_epochs(epochs).max_steps(cfg.steps).log_every(50));
   if (cuda) torch::cuda::synchronize();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   row.peak_mib = peak_memory_mib(cuda);

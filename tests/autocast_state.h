@@ -1,5 +1,5 @@
 // tests/autocast_state.h: a snapshot of one thread's autocast state, for the
-// tests of autocast.h and region.h (what a guard saves and must restore).
+// tests of precision/autocast.h and precision/region.h (what a guard saves and must restore).
 #pragma once
 
 #include <c10/core/DeviceType.h>

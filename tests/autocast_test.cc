@@ -1,11 +1,11 @@
-// Tests for amp/autocast.h: Autocast<Dtype, Device> and AutocastDisabled<Device>
+// Tests for amp/precision/autocast.h: Autocast<Dtype, Device> and AutocastDisabled<Device>
 // against torch.autocast's __enter__/__exit__ semantics, on CPU (bf16).
 //
 //   bazel test //tests:autocast_test
 //
 // The CUDA guards are also checked here without a GPU: they only set CUDA's
 // thread-local autocast state. Op-level CUDA checks GTEST_SKIP without a GPU.
-#include "amp/autocast.h"
+#include "amp/precision/autocast.h"
 
 #include "autocast_state.h"
 

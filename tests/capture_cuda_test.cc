@@ -1,4 +1,4 @@
-// Trainer::capture on a GPU (amp/capture.h): N replays of the captured step
+// Trainer::capture on a GPU (amp/capture/captured_step.h): N replays of the captured step
 // equal N eager fused steps bit for bit (parameters, optimizer state, scale,
 // with injected inf/NaN: skips and back-offs inside the graph), with no host
 // sync per replay; shape mismatches, option changes and load() give amp:

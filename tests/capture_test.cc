@@ -1,4 +1,4 @@
-// amp/capture.h on CPU: everything of the captured step that does not need a
+// amp/capture/captured_step.h on CPU: everything of the captured step that does not need a
 // GPU. The batch's static buffers and their checks (shape, dtype, device and
 // layout, named by place), the amp: reasons a step cannot be captured, the
 // detection of optimizer option changes, the in-place zeroing step, and

@@ -17,9 +17,9 @@
 #include "amp/detail/compat.h"
 #include "amp/detail/compat_c10d.h"
 #include "amp/distributed.h"
-#include "amp/precision.h"
+#include "amp/train/precision.h"
 #include "amp/scaler/dynamic_scaler.h"
-#include "amp/trainer.h"
+#include "amp/train/trainer.h"
 #include "amp/version.h"
 
 namespace {

@@ -37,9 +37,9 @@
 
 #include "amp/detail/compat_c10d.h"
 #include "amp/distributed.h"
-#include "amp/precision.h"
+#include "amp/train/precision.h"
 #include "amp/scaler/dynamic_scaler.h"
-#include "amp/trainer.h"
+#include "amp/train/trainer.h"
 
 namespace {
 

@@ -18,7 +18,7 @@
 
 #include "amp/detail/compat_float8.h"
 #include "amp/float8/recipe.h"
-#include "amp/region.h"
+#include "amp/precision/region.h"
 #include "error_of.h"
 
 namespace {

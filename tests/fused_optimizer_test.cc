@@ -26,9 +26,9 @@
 
 namespace {
 
-using amp::detail::fused_kind;
-using amp::detail::FusedKind;
-using amp::detail::FusedStep;
+using amp::fused_kind;
+using amp::FusedKind;
+using amp::FusedStep;
 namespace compat = amp::detail::compat;
 
 // --- parameters and gradients ------------------------------------------------

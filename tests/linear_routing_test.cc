@@ -1,10 +1,10 @@
-// Tests for amp/linear_routing.h: in a Mixed region LibTorch's C++ linear
+// Tests for amp/precision/linear_routing.h: in a Mixed region LibTorch's C++ linear
 // layers cast each weight once per region (as Python's nn.Linear does), with
 // the bits of at::linear; nothing is routed outside Mixed regions, with
 // LinearRouting::kOff, in full_precision islands or inside backward.
 //
 //   bazel test //tests:linear_routing_test
-#include "amp/linear_routing.h"
+#include "amp/precision/linear_routing.h"
 
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "amp/region.h"
-#include "amp/trainer.h"
+#include "amp/precision/region.h"
+#include "amp/train/trainer.h"
 #include "error_of.h"
 
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "amp/experiment.h"
+#include "amp/core/experiment.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/scaler/no_scaler.h"
 #include "amp/scaler/static_scaler.h"

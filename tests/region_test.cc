@@ -1,4 +1,4 @@
-// Tests for amp/region.h: what a forward sees inside Region<Policy, Device>.
+// Tests for amp/precision/region.h: what a forward sees inside Region<Policy, Device>.
 //
 //   bazel test //tests:region_test
 //
@@ -8,7 +8,7 @@
 // nll_loss, binary_cross_entropy_with_logits, kl_div, prod, ...; everything
 // else (softmax, log_softmax, layer_norm, relu, sum, ...) keeps its input's
 // dtype. The same CPU fp32 loss list is in LibTorch 2.x.
-#include "amp/region.h"
+#include "amp/precision/region.h"
 
 #include "autocast_state.h"
 
@@ -241,7 +241,7 @@ TEST_F(RegionTest, Bf16SameRegionInPlaceUpdateIsNotSeenByCachedCasts) {
     lin->weight.mul_(2);
   }
   EXPECT_TRUE(torch::equal(conv(img), c1));  // stale: the cached bf16 weight
-  // Linear too: linear routing (amp/linear_routing.h) makes it cast its weight
+  // Linear too: linear routing (amp/precision/linear_routing.h) makes it cast its weight
   // once per region, as Python does.
   EXPECT_TRUE(torch::equal(lin(x), l1));
 }

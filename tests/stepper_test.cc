@@ -10,7 +10,7 @@
 #include "amp/detail/compat.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/scaler/no_scaler.h"
-#include "amp/step.h"
+#include "amp/train/stepper.h"
 
 namespace {
 

@@ -1,9 +1,9 @@
-// Tests for amp/strict_casts.h: raw manual fp16/bf16 casts inside a mixed
+// Tests for amp/precision/strict_casts.h: raw manual fp16/bf16 casts inside a mixed
 // region are caught at run time; autocast's own casts, fp32/fp64 casts, other
 // threads and code outside the region are left alone.
 //
 //   bazel test //tests:strict_casts_test
-#include "amp/strict_casts.h"
+#include "amp/precision/strict_casts.h"
 
 #include "error_of.h"
 
@@ -16,8 +16,8 @@
 #include <string>
 #include <thread>
 
-#include "amp/region.h"
-#include "amp/trainer.h"
+#include "amp/precision/region.h"
+#include "amp/train/trainer.h"
 
 namespace {
 

@@ -463,12 +463,21 @@ TEST(Fit, TrainsOverALoaderRecordsHistoryAndResumesMidEpochBitwise) {
   torch::optim::Adam opt_a(net_a->parameters(), torch::optim::AdamOptions(1e-2));
   T a(net_a, opt_a, amp::TrainerOptions().progress(false));
   auto loader_a = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(dataset, loader_options);
-  amp::History h = a.fit(loader_a, fn(net_a), amp::FitOptions().epochs(3));
+  amp::History h = a.fit(loader_a, fn(net_a), amp::FitOptions().max_epochs(3));
   ASSERT_EQ(h.steps.size(), 24u);
   EXPECT_EQ(a.epoch(), 3);
   EXPECT_LT(h.steps.back().loss, h.steps.front().loss);
   EXPECT_EQ(h.skipped(), 0);
   EXPECT_EQ(h.steps[9].epoch, 1);
+
+  // Epochs count in total (Lightning's max_epochs): a fit() with none left says so.
+  ::testing::internal::CaptureStderr();
+  amp::History none = a.fit(loader_a, fn(net_a), amp::FitOptions().max_epochs(3));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(none.steps.empty());
+  EXPECT_NE(err.find("amp: fit() has nothing to do: the trainer has done 3 epoch(s) and 24 step(s)"),
+            std::string::npos)
+      << err;
 
   // Stop after 13 steps (mid-epoch 2) with a checkpoint, resume in a new trainer.
   const std::string path = tmp_path("fit.pt");
@@ -476,7 +485,7 @@ TEST(Fit, TrainsOverALoaderRecordsHistoryAndResumesMidEpochBitwise) {
   torch::optim::Adam opt_b(net_b->parameters(), torch::optim::AdamOptions(1e-2));
   T b(net_b, opt_b, amp::TrainerOptions().progress(false));
   auto loader_b = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(dataset, loader_options);
-  b.fit(loader_b, fn(net_b), amp::FitOptions().epochs(3).max_steps(13).checkpoint_every(13).checkpoint_path(path));
+  b.fit(loader_b, fn(net_b), amp::FitOptions().max_epochs(3).max_steps(13).checkpoint_every(13).checkpoint_path(path));
   ASSERT_TRUE(fs::exists(path));
   auto net_c = make(77);
   torch::optim::Adam opt_c(net_c->parameters(), torch::optim::AdamOptions(1e-2));
@@ -484,12 +493,29 @@ TEST(Fit, TrainsOverALoaderRecordsHistoryAndResumesMidEpochBitwise) {
   c.load(path);
   EXPECT_EQ(c.steps(), 13);
   EXPECT_EQ(c.epoch(), 1);
-  amp::History rest = c.fit(loader_b, fn(net_c), amp::FitOptions().epochs(3));
+  amp::History rest = c.fit(loader_b, fn(net_c), amp::FitOptions().max_epochs(3));
   EXPECT_EQ(rest.steps.size(), 11u);
   EXPECT_TRUE(same_parameters(*net_a, *net_c));
 }
 
 // --- errors ---------------------------------------------------------------
+
+TEST(TrainerModel, TakesAModuleReferenceThatLivesInASharedPtrAndRefusesOneThatDoesNot) {
+  auto lin = std::make_shared<torch::nn::LinearImpl>(4, 4);
+  torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
+  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> t(*lin, opt);
+  EXPECT_EQ(&t.module(), lin.get());
+  EXPECT_EQ(t.module_ptr(), lin);  // shares ownership with the caller
+
+  torch::nn::LinearImpl on_stack(4, 4);
+  torch::optim::SGD opt2(on_stack.parameters(), torch::optim::SGDOptions(0.1));
+  try {
+    amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> u(on_stack, opt2);
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("amp: the model (a torch::nn::Module&) does not live in a std::shared_ptr"));
+  }
+}
 
 TEST(TrainerErrors, MixedRejectsNonFp32Parameters) {
   auto lin = torch::nn::Linear(4, 4);

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The compile-time layer (dtype.h, device.h, policy.h, traits.h,
-# experiment.h) needs only c10's small headers. Checked from the include
-# closure the preprocessor reports (g++ -M), not from a stopwatch, so a busy
+# The compile-time layer (every header in include/amp/core/) needs only c10's
+# small headers. Checked from the include closure the preprocessor reports (g++ -M), not from a stopwatch, so a busy
 # machine gives the same answer: no ATen header, no torch header but
 # torch/version.h and torch/headeronly/ (where 2.14 moved c10's small core),
 # and fewer than 15% of the headers <torch/torch.h> pulls in
@@ -20,13 +19,14 @@ closure() {  # the headers a TU that includes $1 reads, one per line
 torch_n=$(closure torch/torch.h | wc -l)
 echo "torch/torch.h: $torch_n headers"
 fails=0
-for h in amp/dtype.h amp/device.h amp/policy.h amp/traits.h amp/experiment.h; do
+for path in include/amp/core/*.h; do
+  h=${path#include/}
   closure "$h" > "$tmp/list"
   n=$(wc -l < "$tmp/list")
   heavy=$(grep -E '/ATen/|/torch/' "$tmp/list" | grep -vE '/torch/version\.h$|/torch/headeronly/' || true)
   verdict=ok
   if [ -n "$heavy" ] || (( n * 100 >= 15 * torch_n )); then verdict=FAIL; fails=$((fails + 1)); fi
-  printf '%-4s %-18s %5d headers, %3d%% of torch/torch.h (limit 15%%)\n' "$verdict" "$h" "$n" $(( 100 * n / torch_n ))
+  printf '%-4s %-26s %5d headers, %3d%% of torch/torch.h (limit 15%%)\n' "$verdict" "$h" "$n" $(( 100 * n / torch_n ))
   [ -n "$heavy" ] && printf '     pulls in: %s\n' $heavy
 done
 [ "$fails" -eq 0 ]

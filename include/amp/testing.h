@@ -12,7 +12,7 @@
 
 #include <string>
 
-#include "amp/experiment.h"
+#include "amp/core/experiment.h"
 
 namespace amp {
 namespace testing {

@@ -3,7 +3,7 @@
 // and CMake build this test only against an older LibTorch).
 // expect: amp: Autocast<fp16, CPU> needs LibTorch 2.3
 // Passing twin (built without AMP_SHOULD_FAIL): Autocast<bf16, CPU>.
-#include "amp/autocast.h"
+#include "amp/precision/autocast.h"
 
 bool run() {
 #ifdef AMP_SHOULD_FAIL

@@ -1,7 +1,7 @@
 // Compile-fail test: Autocast to a dtype autocast cannot compute in (any LibTorch version).
 // expect: amp: Autocast<Dtype, Device> computes in a 16-bit dtype
 // Passing twin (built without AMP_SHOULD_FAIL): Autocast<bf16, CPU>.
-#include "amp/autocast.h"
+#include "amp/precision/autocast.h"
 
 bool run() {
 #ifdef AMP_SHOULD_FAIL

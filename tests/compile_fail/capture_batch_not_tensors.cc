@@ -2,7 +2,7 @@
 // expect: amp: a captured step's batch may hold only tensors
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
-#include <amp/detail/static_batch.h>
+#include <amp/capture/detail/static_batch.h>
 
 #include <tuple>
 #include <utility>

@@ -3,7 +3,7 @@
 // expect: amp: fp16 on CPU (autocast and kernels) needs LibTorch 2.3 or newer
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
-#include <amp/traits.h>
+#include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.
 static_assert(amp::require_supported<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>());

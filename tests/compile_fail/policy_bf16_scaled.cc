@@ -2,7 +2,7 @@
 // expect: amp: Mixed<bf16, Scaler> with a loss-scaling Scaler is rejected
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
-#include <amp/traits.h>
+#include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.
 static_assert(amp::require_valid_policy<amp::Mixed<amp::bf16, amp::NoScaler>>());

@@ -2,7 +2,7 @@
 // expect: amp: Mixed<fp16, NoScaler> would let fp16 gradients underflow
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
-#include <amp/traits.h>
+#include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.
 static_assert(amp::require_valid_policy<amp::Mixed<amp::fp16, amp::DynamicScaler>>());

@@ -3,7 +3,7 @@
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
 #include <amp/scaler/no_scaler.h>
-#include <amp/traits.h>
+#include <amp/core/rules.h>
 
 // The passing twin: the same scaler with a name.
 struct Named : amp::NoScaler {

@@ -1,7 +1,7 @@
 // Compile-fail test: a nested autocast to bf16 inside a Mixed<fp16, ...> region (CUDA).
 // expect: amp: a nested autocast to bf16 inside a Mixed<fp16
 // Passing twin (built without AMP_SHOULD_FAIL): autocast<fp16> compiles.
-#include "amp/region.h"
+#include "amp/precision/region.h"
 
 at::Tensor forward(const at::Tensor& x, const at::Tensor& w) {
   amp::Region<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA> region;

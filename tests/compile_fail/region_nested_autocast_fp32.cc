@@ -2,7 +2,7 @@
 // is region.full_precision.
 // expect: amp: a nested autocast to fp32/fp64/tf32 inside a Mixed<
 // Passing twin (built without AMP_SHOULD_FAIL): the same computation through full_precision.
-#include "amp/region.h"
+#include "amp/precision/region.h"
 
 at::Tensor forward(const at::Tensor& x, const at::Tensor& w) {
   amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> region;

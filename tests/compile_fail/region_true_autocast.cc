@@ -1,7 +1,7 @@
 // Compile-fail test: autocast inside a True<fp64> region (True regions do not autocast).
 // expect: amp: True<> regions do not autocast
 // Passing twin (built without AMP_SHOULD_FAIL): casting inputs to the model's dtype.
-#include "amp/region.h"
+#include "amp/precision/region.h"
 
 at::Tensor forward(const at::Tensor& x, const at::Tensor& w) {
   amp::Region<amp::True<amp::fp64>, amp::CPU> region;

@@ -13,7 +13,7 @@
 //   gan-d-bf16-mixed-sgd-unfused  a GAN discriminator of torch::nn::Linear layers called twice per step (real
 //                           and fake half of the batch, hinge losses summed), Trainer<Mixed<bf16, NoScaler>>
 //                           + SGD vs nn.Linear under torch.autocast: needs linear routing (one weight cast
-//                           per region, as Python; amp/linear_routing.h)
+//                           per region, as Python; amp/precision/linear_routing.h)
 // Where the LibTorch has fused kernels for the device (CUDA; CPU from 2.4):
 //   recipe-16-mixed         amp::GradScaler + amp::Autocast<fp16> + SGD (momentum), by hand
 //                           vs torch.amp + SGD(foreach=False)

@@ -5,7 +5,7 @@
 //
 // Every version threshold is a named constant or macro here, decided from
 // TORCH_VERSION_MAJOR/MINOR; nothing else in amp compares version numbers.
-// Only small headers: the compile-time layer (device.h, traits.h) reads it.
+// Only small headers: the compile-time layer (core/device.h, core/rules.h) reads it.
 // The ATen calls whose spelling differs switch on these names in
 // detail/compat_ops.h.
 #pragma once

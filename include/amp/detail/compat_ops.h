@@ -22,7 +22,6 @@
 #include <string>
 
 #include "amp/detail/compat.h"
-#include "amp/device.h"
 
 namespace amp {
 namespace detail {
@@ -110,19 +109,6 @@ inline void set_autocast_cache_enabled(bool enabled) { at::autocast::set_autocas
 inline int autocast_increment_nesting() { return at::autocast::increment_nesting(); }
 inline int autocast_decrement_nesting() { return at::autocast::decrement_nesting(); }
 inline void clear_autocast_cache() { at::autocast::clear_cache(); }
-
-// --- telling autocast's own work apart (strict_casts.h) ----------------------
-// Autocast is "on" for a device exactly while its Autocast* dispatch key is
-// not excluded in the thread's TLS; autocast's kernels exclude it while they
-// run (ExcludeDispatchKeyGuard in autocast_mode.cpp), so an op issued with the
-// key excluded comes from autocast itself, or from code where autocast is off.
-// Same keys and mechanism in 1.13 and 2.x.
-inline bool autocast_dispatch_excluded(c10::DeviceType device) {
-  const c10::DispatchKey key = autocast_key(device);
-  TORCH_CHECK(key != c10::DispatchKey::Undefined, "amp: no autocast dispatch key is known for ",
-              c10::DeviceTypeName(device), "; give its device tag an autocast_key in amp/device.h");
-  return c10::impl::tls_is_dispatch_key_excluded(key);
-}
 
 // Whether this thread is executing a backward() graph task (the autograd
 // engine sets a thread-local current graph task around every node it runs;

@@ -37,7 +37,7 @@
 #include "amp/detail/compat_float8.h"
 #include "amp/float8/linear.h"
 #include "amp/float8/recipe.h"
-#include "amp/linear_routing.h"
+#include "amp/precision/linear_routing.h"
 
 namespace amp {
 namespace float8 {

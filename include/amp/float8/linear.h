@@ -22,8 +22,8 @@
 
 #include "amp/detail/compat_float8.h"
 #include "amp/float8/recipe.h"
-#include "amp/linear_routing.h"
-#include "amp/strict_casts.h"
+#include "amp/precision/linear_routing.h"
+#include "amp/precision/strict_casts.h"
 
 namespace amp {
 namespace float8 {
@@ -151,7 +151,7 @@ inline at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
 }
 
 // RAII: while it lives, every linear that a routing region routes on this
-// thread (amp/linear_routing.h: a Mixed region with LinearRouting::kOn)
+// thread (amp/precision/linear_routing.h: a Mixed region with LinearRouting::kOn)
 // runs float8::linear, whatever module or function called it. The previous
 // LinearFn comes back after.
 class LinearGuard {

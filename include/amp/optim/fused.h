@@ -29,7 +29,17 @@
 #include "amp/optim/detail/fused_ops.h"
 
 namespace amp {
-namespace detail {
+
+// Which fused kernel serves `optimizer` for parameters on `device`: kNone when
+// the optimizer is another class (exactly torch::optim::Adam, AdamW or SGD,
+// not a subclass), the LibTorch lacks the kernel on that device (compat.h; CPU
+// and CUDA only), or a parameter on that device has a dtype the kernels do not
+// take (Float, Double, Half, BFloat16) or is not dense and strided.
+inline FusedKind fused_kind(const torch::optim::Optimizer& optimizer, c10::DeviceType device) {
+  FusedKind kind = FusedKind::kNone;
+  return detail::fused::unsupported_reason(optimizer, device, &kind).empty() ? kind : FusedKind::kNone;
+}
+
 
 class FusedStep {
  public:
@@ -38,9 +48,9 @@ class FusedStep {
   // outlive this object. Existing state (a loaded checkpoint, earlier steps of
   // the optimizer's own step()) is taken as it is.
   explicit FusedStep(torch::optim::Optimizer& optimizer) : optimizer_(&optimizer) {
-    kind_ = fused::kind_of_class(optimizer);
+    kind_ = detail::fused::kind_of_class(optimizer);
     TORCH_CHECK(kind_ != FusedKind::kNone,
-                "amp: FusedStep: ", fused::unsupported_reason(optimizer, c10::DeviceType::CPU, &kind_));
+                "amp: FusedStep: ", detail::fused::unsupported_reason(optimizer, c10::DeviceType::CPU, &kind_));
     for (const auto& group : optimizer.param_groups())
       for (const auto& p : group.params()) check_device(p.device().type());
   }
@@ -63,12 +73,12 @@ class FusedStep {
   // may be on another device than the parameters (copied, non-blocking, once
   // per device). No host sync.
   void step(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
-    fused::check_flag(grad_scale, "grad_scale");
-    fused::check_flag(found_inf, "found_inf");
+    detail::fused::check_flag(grad_scale, "grad_scale");
+    detail::fused::check_flag(found_inf, "found_inf");
     at::NoGradGuard no_grad;
     // Everything is checked and gathered before the first kernel runs, so
     // that an error leaves the parameters as they were.
-    std::vector<std::vector<fused::Call>> calls(optimizer_->param_groups().size());
+    std::vector<std::vector<detail::fused::Call>> calls(optimizer_->param_groups().size());
     made_.clear();
     try {
       for (size_t g = 0; g < calls.size(); ++g) gather(g, found_inf.defined(), calls[g]);
@@ -82,15 +92,15 @@ class FusedStep {
       throw;
     }
     made_.clear();
-    fused::StepFlags flags(grad_scale, found_inf);
+    detail::fused::StepFlags flags(grad_scale, found_inf);
     for (size_t g = 0; g < calls.size(); ++g) {
       const torch::optim::OptimizerOptions& options = optimizer_->param_groups()[g].options();
-      for (fused::Call& call : calls[g]) {
+      for (detail::fused::Call& call : calls[g]) {
         if (kind_ == FusedKind::kSGD) {
           run_sgd(static_cast<const torch::optim::SGDOptions&>(options), call, flags);
         } else {
-          run_adam(kind_ == FusedKind::kAdam ? fused::adam_hyper<torch::optim::AdamOptions>(options)
-                                             : fused::adam_hyper<torch::optim::AdamWOptions>(options),
+          run_adam(kind_ == FusedKind::kAdam ? detail::fused::adam_hyper<torch::optim::AdamOptions>(options)
+                                             : detail::fused::adam_hyper<torch::optim::AdamWOptions>(options),
                    call, flags);
         }
       }
@@ -152,10 +162,10 @@ class FusedStep {
   // SGD treat as a fresh state; SGD with dampening excepted, whose first step
   // after such a reload is the non-first formula). Each step then runs the
   // same kernels on the same tensors, which a CUDA graph of the step needs
-  // (amp/capture.h). Until reload_from_optimizer().
+  // (amp/capture/captured_step.h). Until reload_from_optimizer().
   void make_static() {
     at::NoGradGuard no_grad;
-    std::vector<fused::Call> calls;
+    std::vector<detail::fused::Call> calls;
     for (size_t g = 0; g < optimizer_->param_groups().size(); ++g) gather(g, /*has_found_inf=*/true, calls);
     made_.clear();
     if (kind_ == FusedKind::kSGD) {
@@ -177,13 +187,13 @@ class FusedStep {
   }
 
  private:
-  using Record = fused::Record;
+  using Record = detail::fused::Record;
 
   void check_device(c10::DeviceType device) {
     for (c10::DeviceType d : devices_)
       if (d == device) return;
     FusedKind kind = FusedKind::kNone;
-    const std::string why = fused::unsupported_reason(*optimizer_, device, &kind);
+    const std::string why = detail::fused::unsupported_reason(*optimizer_, device, &kind);
     TORCH_CHECK(why.empty(), "amp: FusedStep: no fused ", fused_kind_name(kind), " step for parameters on ",
                 c10::DeviceTypeName(device), ": ", why);
     devices_.push_back(device);
@@ -191,10 +201,10 @@ class FusedStep {
 
   void check_param(const at::Tensor& p, const at::Tensor& grad, size_t g, size_t i) {
     check_device(p.device().type());
-    const std::string bad = fused::known_bad(kind_, p);
+    const std::string bad = detail::fused::known_bad(kind_, p);
     TORCH_CHECK(bad.empty(), "amp: FusedStep: parameter ", i, " of param group ", g, ": ", bad,
                 "; step this optimizer with its own step() (TrainerOptions().fused(false))");
-    fused::check_param_layout(p, grad, g, i);
+    detail::fused::check_param_layout(p, grad, g, i);
   }
 
   // The record of p's state entry; `entry` is the entry now in the map.
@@ -202,7 +212,7 @@ class FusedStep {
     Record& r = records_[p.unsafeGetTensorImpl()];
     if (r.state != entry) {
       r = Record{};
-      r.key = fused::state_key(p);
+      r.key = detail::fused::state_key(p);
       r.state = entry;
     }
     return r;
@@ -210,7 +220,7 @@ class FusedStep {
 
   // Finds or makes the state of every parameter with a gradient in group g
   // and sorts them into kernel calls.
-  void gather(size_t g, bool has_found_inf, std::vector<fused::Call>& calls) {
+  void gather(size_t g, bool has_found_inf, std::vector<detail::fused::Call>& calls) {
     auto& group = optimizer_->param_groups()[g];
     const auto& params = group.params();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -239,9 +249,9 @@ class FusedStep {
 
   template <class State>
   void gather_adam(const at::Tensor& p, const at::Tensor& grad, bool amsgrad, size_t g, size_t i,
-                   std::vector<fused::Call>& calls) {
+                   std::vector<detail::fused::Call>& calls) {
     auto& map = optimizer_->state();
-    auto entry = map.find(fused::state_key(p));
+    auto entry = map.find(detail::fused::state_key(p));
     State* state = nullptr;
     bool made = false;
     if (entry == map.end()) {
@@ -252,8 +262,8 @@ class FusedStep {
       fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
       if (amsgrad) fresh->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
       state = fresh.get();
-      map[fused::state_key(p)] = std::move(fresh);
-      made_.emplace_back(p.unsafeGetTensorImpl(), fused::state_key(p));
+      map[detail::fused::state_key(p)] = std::move(fresh);
+      made_.emplace_back(p.unsafeGetTensorImpl(), detail::fused::state_key(p));
       made = true;
     } else {
       state = dynamic_cast<State*>(entry->second.get());
@@ -270,10 +280,10 @@ class FusedStep {
       r.host_step = state->step();
       r.step = at::scalar_tensor(static_cast<double>(state->step()), p.options().dtype(at::kFloat));
     }
-    fused::check_state_tensor(state->exp_avg(), p, "exp_avg", g, i);
-    fused::check_state_tensor(state->exp_avg_sq(), p, "exp_avg_sq", g, i);
-    if (amsgrad) fused::check_state_tensor(state->max_exp_avg_sq(), p, "max_exp_avg_sq", g, i);
-    fused::Call& call = fused::call_for(calls, p);
+    detail::fused::check_state_tensor(state->exp_avg(), p, "exp_avg", g, i);
+    detail::fused::check_state_tensor(state->exp_avg_sq(), p, "exp_avg_sq", g, i);
+    if (amsgrad) detail::fused::check_state_tensor(state->max_exp_avg_sq(), p, "max_exp_avg_sq", g, i);
+    detail::fused::Call& call = detail::fused::call_for(calls, p);
     call.params.push_back(p);
     call.grads.push_back(grad);
     call.exp_avgs.push_back(state->exp_avg());
@@ -284,16 +294,16 @@ class FusedStep {
   }
 
   void gather_sgd(const at::Tensor& p, const at::Tensor& grad, bool momentum, bool has_found_inf, size_t g, size_t i,
-                  std::vector<fused::Call>& calls) {
+                  std::vector<detail::fused::Call>& calls) {
     if (!momentum) {
       // No state: LibTorch's SGD keeps none without momentum.
-      fused::Call& call = fused::call_for(calls, p);
+      detail::fused::Call& call = detail::fused::call_for(calls, p);
       call.params.push_back(p);
       call.grads.push_back(grad);
       return;
     }
     auto& map = optimizer_->state();
-    auto entry = map.find(fused::state_key(p));
+    auto entry = map.find(detail::fused::state_key(p));
     torch::optim::SGDParamState* state = nullptr;
     int first_step = 0;
     at::Tensor pending;
@@ -302,8 +312,8 @@ class FusedStep {
       auto fresh = std::make_unique<torch::optim::SGDParamState>();
       fresh->momentum_buffer(at::zeros_like(grad, at::MemoryFormat::Preserve));
       state = fresh.get();
-      map[fused::state_key(p)] = std::move(fresh);
-      made_.emplace_back(p.unsafeGetTensorImpl(), fused::state_key(p));
+      map[detail::fused::state_key(p)] = std::move(fresh);
+      made_.emplace_back(p.unsafeGetTensorImpl(), detail::fused::state_key(p));
       Record& r = record_for(p, state);
       r.made_here = has_found_inf;  // without found_inf the first step surely runs
       first_step = 1;
@@ -317,18 +327,18 @@ class FusedStep {
         pending = r.pending;
       }
     }
-    fused::check_state_tensor(state->momentum_buffer(), p, "momentum_buffer", g, i);
-    fused::Call& call = fused::call_for(calls, p, first_step, pending);
+    detail::fused::check_state_tensor(state->momentum_buffer(), p, "momentum_buffer", g, i);
+    detail::fused::Call& call = detail::fused::call_for(calls, p, first_step, pending);
     call.params.push_back(p);
     call.grads.push_back(grad);
     call.bufs.push_back(state->momentum_buffer());
     call.impls.push_back(p.unsafeGetTensorImpl());
   }
 
-  void run_adam(const fused::AdamHyper& h, fused::Call& call, fused::StepFlags& flags) {
+  void run_adam(const detail::fused::AdamHyper& h, detail::fused::Call& call, detail::fused::StepFlags& flags) {
     at::_foreach_add_(call.steps, at::Scalar(1));
     const c10::optional<at::Tensor> found = flags.found(call.device);
-    fused::adam_(kind_ == FusedKind::kAdamW, call.params, call.grads, call.exp_avgs, call.exp_avg_sqs,
+    detail::fused::adam_(kind_ == FusedKind::kAdamW, call.params, call.grads, call.exp_avgs, call.exp_avg_sqs,
                  call.max_exp_avg_sqs, call.steps, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps, h.amsgrad,
                  /*maximize=*/false, flags.scale(call.device), found);
     if (found) {
@@ -339,11 +349,11 @@ class FusedStep {
     }
   }
 
-  void run_sgd(const torch::optim::SGDOptions& o, fused::Call& call, fused::StepFlags& flags) {
+  void run_sgd(const torch::optim::SGDOptions& o, detail::fused::Call& call, detail::fused::StepFlags& flags) {
     const c10::optional<at::Tensor> scale = flags.scale(call.device);
     const c10::optional<at::Tensor> found = flags.found(call.device);
     auto sgd = [&](const std::vector<at::Tensor>& bufs, bool is_first_step, const c10::optional<at::Tensor>& skip) {
-      fused::sgd_(call.params, call.grads, bufs, o.weight_decay(), o.momentum(), o.lr(), o.dampening(), o.nesterov(),
+      detail::fused::sgd_(call.params, call.grads, bufs, o.weight_decay(), o.momentum(), o.lr(), o.dampening(), o.nesterov(),
                   /*maximize=*/false, is_first_step, scale, skip);
     };
     if (o.momentum() == 0.0) {
@@ -376,26 +386,18 @@ class FusedStep {
     }
   }
 
-  // Applies one synced value (fused::settle).
+  // Applies one synced value (detail::fused::settle).
   void settle(c10::TensorImpl* impl, float value) {
     auto it = records_.find(impl);
-    if (!fused::settle(kind_, static_, it->second, value, optimizer_->state())) records_.erase(it);
+    if (!detail::fused::settle(kind_, static_, it->second, value, optimizer_->state())) records_.erase(it);
   }
 
   torch::optim::Optimizer* optimizer_;
   FusedKind kind_ = FusedKind::kNone;
   std::vector<c10::DeviceType> devices_;  // devices checked by fused_kind's rules
   std::unordered_map<c10::TensorImpl*, Record> records_;
-  std::vector<std::pair<c10::TensorImpl*, compat::OptimStateKey>> made_;  // entries made by the step in progress
+  std::vector<std::pair<c10::TensorImpl*, detail::compat::OptimStateKey>> made_;  // entries made by the step in progress
   bool static_ = false;  // make_static(): no state tensor is made, replaced or dropped
 };
-
-}  // namespace detail
-
-// Public: the fused step is an explicit choice for users of the hand-written
-// recipe (scaler.step(optimizer, fused)); Stepper and Trainer take it by themselves.
-using detail::fused_kind;
-using detail::FusedKind;
-using detail::FusedStep;
 
 }  // namespace amp

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "amp/optim/fused.h"
-#include "amp/scaler/scaler_traits.h"
+#include "amp/core/scaler_concept.h"
 
 namespace amp {
 namespace detail {

@@ -26,16 +26,16 @@
 #include <cmath>
 #include <cstdint>
 
-#include "amp/scaler/detail/state_dict.h"
+#include "amp/scaler/state_dict.h"
 #include "amp/scaler/detail/update_scale.h"
 #include "amp/scaler/loss_scaler.h"
 #include "amp/scaler/options.h"
-#include "amp/scaler/scaler_traits.h"
+#include "amp/core/scaler_concept.h"
 
 namespace amp {
 
 // torch.amp.GradScaler. See the file comment; the options are in options.h.
-class DynamicScaler : public detail::LossScalerBase {
+class DynamicScaler : public LossScalerBase {
  public:
   static constexpr bool kLossScaling = true;
 
@@ -43,7 +43,7 @@ class DynamicScaler : public detail::LossScalerBase {
   // backoff_factor < 1 only when enabled; amp also rejects the values that
   // make no sense (see options.h) with an `amp:` message naming the range.
   explicit DynamicScaler(DynamicScalerOptions options = {})
-      : detail::LossScalerBase(options.enabled(), options.init_scale()), options_(options) {
+      : LossScalerBase(options.enabled(), options.init_scale()), options_(options) {
     if (enabled_) {
       validate(options_);
     }
@@ -130,7 +130,7 @@ class DynamicScaler : public detail::LossScalerBase {
   // "max_scale" when finite, "hysteresis" and "_hysteresis_tracker" when
   // hysteresis > 1. Empty when disabled. Reading the scale is a host sync.
   StateDict state_dict() const {
-    StateDict state = detail::empty_state_dict();
+    StateDict state = empty_state_dict();
     if (!enabled_) {
       return state;
     }
@@ -240,6 +240,6 @@ class DynamicScaler : public detail::LossScalerBase {
 using GradScaler = DynamicScaler;
 
 static_assert(detail::builtin_scaler_matches_v<DynamicScaler>,
-              "amp: DynamicScaler must match scaler_traits.h's builtin_scaler");
+              "amp: DynamicScaler must match scaler_concept.h's builtin_scaler");
 
 }  // namespace amp

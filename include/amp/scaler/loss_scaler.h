@@ -1,6 +1,6 @@
 // amp/scaler/loss_scaler.h: LossScalerBase, what DynamicScaler and StaticScaler share.
 //
-//   class MyScaler : public amp::detail::LossScalerBase { ... update() ... };
+//   class MyScaler : public amp::LossScalerBase { ... update() ... };
 //
 // torch.amp.GradScaler's scale / unscale_ / step and their bookkeeping (per
 // optimizer READY -> UNSCALED -> STEPPED stages keyed by the optimizer's
@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "amp/optim/fused.h"
-#include "amp/scaler/detail/state_dict.h"
+#include "amp/scaler/state_dict.h"
 #include "amp/scaler/detail/unscale.h"
-#include "amp/scaler/scaler_traits.h"
+#include "amp/core/scaler_concept.h"
 
 namespace amp {
 namespace detail {
@@ -34,9 +34,14 @@ struct PerOptimizerState {
   std::vector<std::pair<c10::Device, at::Tensor>> found_inf_per_device;
 };
 
+}  // namespace detail
+
 // scale / unscale_ / step and their bookkeeping, exactly as torch.amp.GradScaler.
 // The scale-update rule is the derived class's.
 class LossScalerBase {
+  using OptState = detail::OptState;
+  using PerOptimizerState = detail::PerOptimizerState;
+
  public:
   static constexpr bool kLossScaling = true;
 
@@ -238,7 +243,7 @@ class LossScalerBase {
                 "The source state dict is empty, possibly because it was saved from a disabled "
                 "instance of ",
                 class_name, ".");
-    init_scale_ = state_double(state, "scale");
+    init_scale_ = detail::state_double(state, "scale");
     if (scale_.defined()) {
       scale_.fill_(init_scale_);
     }
@@ -313,7 +318,7 @@ class LossScalerBase {
       at::Tensor found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
       const at::Tensor& device_inv_scale = replica(inv_scales, inv_scale, device);
       for (auto& dtype_and_grads : device_and_dtypes.second) {
-        non_finite_check_and_unscale_(dtype_and_grads.second, found_inf, device_inv_scale);
+        detail::non_finite_check_and_unscale_(dtype_and_grads.second, found_inf, device_inv_scale);
       }
       found_inf_per_device.emplace_back(device, std::move(found_inf));
     }
@@ -324,5 +329,4 @@ class LossScalerBase {
   at::Tensor last_found_inf_;
 };
 
-}  // namespace detail
 }  // namespace amp

@@ -14,8 +14,8 @@
 
 #include <vector>
 
-#include "amp/scaler/detail/state_dict.h"
-#include "amp/scaler/scaler_traits.h"
+#include "amp/scaler/state_dict.h"
+#include "amp/core/scaler_concept.h"
 
 namespace amp {
 
@@ -35,12 +35,12 @@ class NoScaler {
   bool is_enabled() const { return false; }
   // Undefined: no inf/NaN check is ever made without loss scaling.
   at::Tensor found_inf() const { return at::Tensor(); }
-  StateDict state_dict() const { return detail::empty_state_dict(); }
+  StateDict state_dict() const { return empty_state_dict(); }
   // A NoScaler has no state; any dict (typically the empty one it saved) loads.
   void load_state_dict(const StateDict& /*state*/) {}
   void load_state_dict(const c10::impl::GenericDict& /*state*/) {}
 };
 
-static_assert(detail::builtin_scaler_matches_v<NoScaler>, "amp: NoScaler must match scaler_traits.h's builtin_scaler");
+static_assert(detail::builtin_scaler_matches_v<NoScaler>, "amp: NoScaler must match scaler_concept.h's builtin_scaler");
 
 }  // namespace amp

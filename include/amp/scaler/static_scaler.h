@@ -15,18 +15,18 @@
 
 #include <cmath>
 
-#include "amp/scaler/detail/state_dict.h"
+#include "amp/scaler/state_dict.h"
 #include "amp/scaler/loss_scaler.h"
 #include "amp/scaler/options.h"
-#include "amp/scaler/scaler_traits.h"
+#include "amp/core/scaler_concept.h"
 
 namespace amp {
 
-class StaticScaler : public detail::LossScalerBase {
+class StaticScaler : public LossScalerBase {
  public:
   static constexpr bool kLossScaling = true;
 
-  explicit StaticScaler(StaticScalerOptions options = {}) : detail::LossScalerBase(options.enabled(), options.scale()) {
+  explicit StaticScaler(StaticScalerOptions options = {}) : LossScalerBase(options.enabled(), options.scale()) {
     if (enabled_) {
       TORCH_CHECK(std::isfinite(options.scale()) && options.scale() > 0.0,
                   "amp: StaticScalerOptions::scale must be finite and > 0, got ", options.scale());
@@ -47,7 +47,7 @@ class StaticScaler : public detail::LossScalerBase {
 
   // {"scale": float}; empty when disabled.
   StateDict state_dict() const {
-    StateDict state = detail::empty_state_dict();
+    StateDict state = empty_state_dict();
     if (enabled_) {
       state.insert("scale", get_scale());
     }
@@ -67,6 +67,6 @@ class StaticScaler : public detail::LossScalerBase {
 };
 
 static_assert(detail::builtin_scaler_matches_v<StaticScaler>,
-              "amp: StaticScaler must match scaler_traits.h's builtin_scaler");
+              "amp: StaticScaler must match scaler_concept.h's builtin_scaler");
 
 }  // namespace amp

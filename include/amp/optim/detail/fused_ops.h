@@ -43,25 +43,10 @@
 #include <vector>
 
 #include "amp/detail/compat.h"
+#include "amp/optim/fused_kind.h"
 
 namespace amp {
 namespace detail {
-
-enum class FusedKind { kNone, kAdam, kAdamW, kSGD };
-
-inline const char* fused_kind_name(FusedKind kind) {
-  switch (kind) {
-    case FusedKind::kAdam:
-      return "Adam";
-    case FusedKind::kAdamW:
-      return "AdamW";
-    case FusedKind::kSGD:
-      return "SGD";
-    case FusedKind::kNone:
-      break;
-  }
-  return "none";
-}
 
 namespace fused {
 
@@ -336,16 +321,6 @@ bool settle(FusedKind kind, bool is_static, Record& r, float value, StateMap& st
 }
 
 }  // namespace fused
-
-// Which fused kernel serves `optimizer` for parameters on `device`: kNone when
-// the optimizer is another class (exactly torch::optim::Adam, AdamW or SGD,
-// not a subclass), the LibTorch lacks the kernel on that device (compat.h; CPU
-// and CUDA only), or a parameter on that device has a dtype the kernels do not
-// take (Float, Double, Half, BFloat16) or is not dense and strided.
-inline FusedKind fused_kind(const torch::optim::Optimizer& optimizer, c10::DeviceType device) {
-  FusedKind kind = FusedKind::kNone;
-  return fused::unsupported_reason(optimizer, device, &kind).empty() ? kind : FusedKind::kNone;
-}
 
 }  // namespace detail
 }  // namespace amp

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "amp/device.h"
+#include "amp/core/device.h"
 
 namespace amp {
 namespace detail {

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "amp/device.h"
+#include "amp/core/device.h"
 
 namespace amp {
 namespace detail {

@@ -1,4 +1,4 @@
-// amp/detail/evaluation.h: evaluation under a policy, for Trainer::evaluate
+// amp/train/detail/evaluation.h: evaluation under a policy, for Trainer::evaluate
 // and Precision::evaluate.
 //
 //   auto acc = amp::detail::evaluate<amp::Region<P, amp::CPU>>({model.get()}, amp::StrictCasts::kThrow,
@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "amp/strict_casts.h"
+#include "amp/precision/strict_casts.h"
 
 namespace amp {
 namespace detail {

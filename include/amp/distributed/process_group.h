@@ -1,4 +1,4 @@
-// amp/detail/process_group.h: amp::ProcessGroup and amp::init_process_group,
+// amp/distributed/process_group.h: amp::ProcessGroup and amp::init_process_group,
 // the rendezvous half of amp/distributed.h (read that header's comment).
 #pragma once
 

@@ -1,4 +1,4 @@
-// amp/precision.h: Precision<Policy, Device>, several models and optimizers
+// amp/train/precision.h: Precision<Policy, Device>, several models and optimizers
 // under one policy and one scaler (Lightning Fabric's shape; a GAN's recipe).
 //
 //   amp::Precision<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA> prec;
@@ -32,24 +32,24 @@
 #include <utility>
 #include <vector>
 
-#include "amp/checkpoint.h"
-#include "amp/detail/evaluation.h"
-#include "amp/detail/model_setup.h"
-#include "amp/device.h"
+#include "amp/train/checkpoint.h"
+#include "amp/train/detail/evaluation.h"
+#include "amp/train/detail/model_setup.h"
+#include "amp/core/device.h"
 #include "amp/optim/optimizer_step.h"
-#include "amp/policy.h"
-#include "amp/region.h"
+#include "amp/core/policy.h"
+#include "amp/precision/region.h"
 #include "amp/scaler/dynamic_scaler.h"  // the built-in scalers a policy may name
 #include "amp/scaler/no_scaler.h"
 #include "amp/scaler/static_scaler.h"
-#include "amp/step.h"
-#include "amp/strict_casts.h"
-#include "amp/traits.h"
+#include "amp/train/stepper.h"
+#include "amp/precision/strict_casts.h"
+#include "amp/core/rules.h"
 
 namespace amp {
 
 struct PrecisionOptions {
-  // What a raw x.to(torch::kHalf / kBFloat16) in a Mixed region does (amp/strict_casts.h).
+  // What a raw x.to(torch::kHalf / kBFloat16) in a Mixed region does (amp/precision/strict_casts.h).
   TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
 };
 

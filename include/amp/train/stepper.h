@@ -1,4 +1,4 @@
-// amp/step.h: one optimizer step of a mixed-precision loop, as a component.
+// amp/train/stepper.h: one optimizer step of a mixed-precision loop, as a component.
 //
 //   amp::Stepper<amp::DynamicScaler> stepper(optimizer, amp::StepperOptions().max_grad_norm(1.0));
 //   auto r = stepper.step(loss);     // scaled backward; at the boundary: unscale, clip, step/skip, update
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "amp/optim/optimizer_step.h"
-#include "amp/scaler/scaler_traits.h"
+#include "amp/core/scaler_concept.h"
 
 namespace amp {
 
@@ -183,7 +183,7 @@ class Stepper {
   // After optimizer.load(): the fused path rereads the optimizer's state.
   void reload_optimizer_state() { part_.reload_optimizer_state(); }
 
-  // Why this step cannot be captured in a CUDA graph (amp/capture.h), in
+  // Why this step cannot be captured in a CUDA graph (amp/capture/captured_step.h), in
   // words that say what to change; "" when it can: the fused path, one
   // micro-batch per step, no multi-process hook.
   std::string capture_blocker() const {

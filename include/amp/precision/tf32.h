@@ -1,4 +1,4 @@
-// amp/tf32.h: AllowTF32, the math mode behind amp::True<amp::tf32>.
+// amp/precision/tf32.h: AllowTF32, the math mode behind amp::True<amp::tf32>.
 //
 //   {
 //     amp::AllowTF32 tf32;        // cuBLAS matmuls and cuDNN convolutions may use TF32

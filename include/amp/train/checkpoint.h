@@ -1,4 +1,4 @@
-// amp/checkpoint.h: the training checkpoint archive and its atomic write.
+// amp/train/checkpoint.h: the training checkpoint archive and its atomic write.
 //
 //   amp::detail::write_checkpoint(path, header, module, optimizer, scaler);   // atomic
 //   auto archive = amp::detail::open_checkpoint(path, device, "bf16-mixed"); // checks format and precision
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "amp/detail/atomic_file.h"
-#include "amp/scaler/detail/state_dict.h"
+#include "amp/scaler/state_dict.h"
 
 namespace amp {
 

@@ -1,4 +1,4 @@
-// amp/detail/model_setup.h: the checks and conversions that Trainer and
+// amp/train/detail/model_setup.h: the checks and conversions that Trainer and
 // Precision make when they take a model and its optimizer.
 //
 //   auto module = amp::detail::as_module(model);                           // ModuleHolder or shared_ptr
@@ -21,9 +21,9 @@
 #include <utility>
 
 #include "amp/detail/compat_ops.h"
-#include "amp/device.h"
-#include "amp/dtype.h"
-#include "amp/policy.h"
+#include "amp/core/device.h"
+#include "amp/core/dtype.h"
+#include "amp/core/policy.h"
 
 namespace amp {
 namespace detail {
@@ -32,9 +32,19 @@ template <class M>
 std::shared_ptr<torch::nn::Module> as_module(M&& model) {
   using T = std::decay_t<M>;
   if constexpr (std::is_base_of_v<torch::nn::Module, T>) {
-    static_assert(!std::is_base_of_v<torch::nn::Module, T>,
-                  "amp: pass the model as a ModuleHolder (e.g. torch::nn::Linear) or a std::shared_ptr<Module>, not a "
-                  "Module by value; e.g. `auto model = std::make_shared<Net>(); amp::Trainer<P> t(model, optimizer);`");
+    constexpr bool shared = std::is_lvalue_reference_v<M> && !std::is_const_v<std::remove_reference_t<M>>;
+    static_assert(shared || !std::is_base_of_v<torch::nn::Module, T>,
+                  "amp: pass the model as a ModuleHolder (e.g. torch::nn::Linear), a std::shared_ptr<Module>, or a "
+                  "non-const Module& that lives in a shared_ptr, not a temporary or const Module; e.g. `auto model = "
+                  "std::make_shared<Net>(); amp::Trainer<P> t(model, optimizer);`");
+    if constexpr (shared) {
+      try {
+        return model.shared_from_this();  // amp keeps the model alive with the caller
+      } catch (const std::bad_weak_ptr&) {
+        TORCH_CHECK(false, "amp: the model (a torch::nn::Module&) does not live in a std::shared_ptr, which amp "
+                           "needs to keep it; make it with std::make_shared<Net>() or a TORCH_MODULE holder");
+      }
+    }
     return nullptr;
   } else if constexpr (std::is_convertible_v<T, std::shared_ptr<torch::nn::Module>>) {
     std::shared_ptr<torch::nn::Module> m = model;

@@ -1,4 +1,4 @@
-// amp/device.h: device tags CPU and CUDA, and device_traits: everything amp
+// amp/core/device.h: device tags CPU and CUDA, and device_traits: everything amp
 // knows about a device, in one place.
 //
 //   using Dev = amp::CUDA;
@@ -7,7 +7,7 @@
 //   bool ok = amp::device_traits<Dev>::available();        // a CUDA device is visible
 //
 // Adding a device (XPU, MPS, ...) is one device_traits specialization, its
-// entry in amp::all_devices, and its rows in traits.h's support matrix;
+// entry in amp::all_devices, and its rows in rules.h's support matrix;
 // everything else (messages, kernel choice, autocast keys) is derived.
 #pragma once
 

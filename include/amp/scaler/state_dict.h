@@ -1,6 +1,6 @@
-// amp/scaler/detail/state_dict.h: reading and making scaler state dicts.
+// amp/scaler/state_dict.h: reading and making scaler state dicts.
 //
-//   amp::StateDict s = amp::detail::empty_state_dict();
+//   amp::StateDict s = amp::empty_state_dict();
 //   double scale = amp::detail::state_double(s, "scale");          // "amp: ..." if missing or not a number
 //   amp::StateDict t = amp::detail::typed_state_dict(generic);      // from a Python torch.save file
 //
@@ -17,9 +17,16 @@
 #include <cstdint>
 #include <string>
 
-#include "amp/scaler/scaler_traits.h"
+#include "amp/core/scaler_concept.h"
 
 namespace amp {
+
+// An empty StateDict (Dict<str, IValue> has no default constructor).
+inline StateDict empty_state_dict() {
+  return c10::impl::toTypedDict<std::string, c10::IValue>(
+      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+}
+
 namespace detail {
 
 // Reads a number from a scaler state dict; Python writes floats and ints.
@@ -38,11 +45,6 @@ inline int64_t state_int(const StateDict& state, const char* key) {
   const c10::IValue value = state.at(key);
   TORCH_CHECK(value.isInt(), "amp: the scaler state dict's '", key, "' must be an int, got ", value.tagKind());
   return value.toInt();
-}
-
-inline StateDict empty_state_dict() {
-  return c10::impl::toTypedDict<std::string, c10::IValue>(
-      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
 }
 
 // A Dict<Any, Any> (what torch::pickle_load gives for a dict that Python

@@ -1,5 +1,5 @@
-// amp/detail/static_batch.h: a batch's tensors as fixed buffers, for a
-// captured step (amp/capture.h). Made from an example batch; each later batch
+// amp/capture/detail/static_batch.h: a batch's tensors as fixed buffers, for a
+// captured step (amp/capture/captured_step.h). Made from an example batch; each later batch
 // is checked against it (shape, dtype, device, named by their place in the
 // batch) and copied into the buffers, which the graph reads.
 //
@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "amp/traits.h"  // detail::dependent_false_v
+#include "amp/core/rules.h"  // detail::dependent_false_v
 
 namespace amp {
 namespace detail {

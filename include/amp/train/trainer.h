@@ -1,4 +1,4 @@
-// amp/trainer.h: Trainer<Policy, Device>: an existing model and optimizer,
+// amp/train/trainer.h: Trainer<Policy, Device>: an existing model and optimizer,
 // trained under a precision policy.
 //
 //   amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(model, optimizer);
@@ -27,22 +27,21 @@
 #include <utility>
 #include <vector>
 
-#include "amp/capture.h"
-#include "amp/checkpoint.h"
-#include "amp/detail/evaluation.h"
-#include "amp/detail/model_setup.h"
-#include "amp/detail/progress.h"
-#include "amp/history.h"
-#include "amp/device.h"
-#include "amp/policy.h"
-#include "amp/linear_routing.h"
-#include "amp/region.h"
+#include "amp/train/checkpoint.h"
+#include "amp/train/detail/evaluation.h"
+#include "amp/train/detail/model_setup.h"
+#include "amp/train/detail/progress.h"
+#include "amp/train/history.h"
+#include "amp/core/device.h"
+#include "amp/core/policy.h"
+#include "amp/precision/linear_routing.h"
+#include "amp/precision/region.h"
 #include "amp/scaler/dynamic_scaler.h"  // the built-in scalers a policy may name
 #include "amp/scaler/no_scaler.h"
 #include "amp/scaler/static_scaler.h"
-#include "amp/step.h"
-#include "amp/strict_casts.h"
-#include "amp/traits.h"
+#include "amp/train/stepper.h"
+#include "amp/precision/strict_casts.h"
+#include "amp/core/rules.h"
 
 namespace amp {
 
@@ -52,10 +51,10 @@ struct TrainerOptions {
   // A progress bar (a TTY) or periodic lines (otherwise) during fit().
   TORCH_ARG(bool, progress) = true;
   // What a raw x.to(torch::kHalf / kBFloat16) in the forward of a Mixed policy
-  // does (amp/strict_casts.h): kThrow, kWarn or kOff. Used by Trainer's region.
+  // does (amp/precision/strict_casts.h): kThrow, kWarn or kOff. Used by Trainer's region.
   TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
   // Whether LibTorch's C++ linear layers cast each weight once per step's
-  // region, as Python's nn.Linear does (amp/linear_routing.h). Mixed policies only.
+  // region, as Python's nn.Linear does (amp/precision/linear_routing.h). Mixed policies only.
   TORCH_ARG(LinearRouting, linear_routing) = LinearRouting::kOn;
 
   // The Stepper's options, spelled on TrainerOptions: .max_grad_norm(1.0).
@@ -83,6 +82,15 @@ decltype(auto) as_range(L& loader) {
     return (loader);
   }
 }
+
+// What Trainer::capture makes: amp/capture/captured_step.h specializes this,
+// so a Trainer user who never captures does not compile the capture code.
+template <class TrainerT, class = void>
+struct StepCapturer {
+  static_assert(sizeof(TrainerT) == 0,
+                "amp: trainer.capture() needs the capture code: #include <amp/capture/captured_step.h> (or "
+                "<amp/amp.h>)");
+};
 
 template <class S, class = void>
 struct has_scale_async : std::false_type {};
@@ -143,7 +151,7 @@ class Trainer {
   // sync per log_every steps, not per step; History still has every step.
   template <class Loader, class F>
   History fit(Loader&& loader, F&& fn, FitOptions fo = FitOptions()) {
-    TORCH_CHECK(fo.epochs() >= 0, "amp: FitOptions::epochs must be >= 0, got ", fo.epochs());
+    TORCH_CHECK(fo.max_epochs() >= 0, "amp: FitOptions::max_epochs must be >= 0, got ", fo.max_epochs());
     TORCH_CHECK(fo.log_every() >= 1, "amp: FitOptions::log_every must be >= 1, got ", fo.log_every());
     TORCH_CHECK(
         fo.checkpoint_every() == 0 || !fo.checkpoint_path().empty(),
@@ -155,7 +163,12 @@ class Trainer {
     detail::PendingMetrics pending;
     auto flush = [&] { pending.flush(history, bar); };
     bool stop = fo.max_steps() >= 0 && steps() >= fo.max_steps();
-    while (!stop && epoch_ < fo.epochs()) {
+    if (stop || epoch_ >= fo.max_epochs()) {
+      TORCH_WARN("amp: fit() has nothing to do: the trainer has done ", epoch_, " epoch(s) and ", steps(),
+                 " step(s), and FitOptions has max_epochs ", fo.max_epochs(), ", max_steps ", fo.max_steps(),
+                 " (both count in total, across fit() calls and resumes); raise them to train more");
+    }
+    while (!stop && epoch_ < fo.max_epochs()) {
       int64_t batch_index = 0;
       auto start = std::chrono::steady_clock::now();
       for (auto&& batch : range) {
@@ -205,25 +218,39 @@ class Trainer {
   // (model, optimizer, scaler, counters) is left exactly as it was.
   void load(const std::string& path) {
     torch::serialize::InputArchive archive = detail::open_checkpoint(path, parameter_device(), precision);
-    // Snapshot, apply, and roll back on any failure.
-    std::stringstream before = snapshot();
-    try {
-      apply(archive);
-    } catch (const c10::Error& e) {
-      restore(before);
-      TORCH_CHECK(false, "amp: checkpoint '", path,
-                  "' does not fit this model/optimizer (left unchanged): ", e.what_without_backtrace());
-    }
+    apply_or_roll_back(archive, "checkpoint '" + path + "'");
   }
 
   // The whole training step recorded once in a CUDA graph and replayed per
-  // batch (amp/capture.h): fn(region, batch) returns the loss, as for fit();
-  // `example` is a batch of the shapes to record.
+  // batch (amp/capture/captured_step.h, which must be included): fn(region,
+  // batch) returns the loss, as for fit(); `example` is a batch of the shapes to record.
   //   auto step = trainer.capture(fn, example);  amp::StepResult r = step(batch);
-  template <class F, class Batch>
-  CapturedStep<Trainer, std::decay_t<F>, Batch> capture(F&& fn, const Batch& example) {
-    return CapturedStep<Trainer, std::decay_t<F>, Batch>(*this, std::forward<F>(fn), example);
+  template <class F, class Batch, class Self = Trainer>
+  auto capture(F&& fn, const Batch& example) {
+    return detail::StepCapturer<Self>::make(*this, std::forward<F>(fn), example);
   }
+
+  // The whole training state (model, optimizer, scaler, counters) written to
+  // a stream, and read back: an in-memory checkpoint in save()'s format.
+  // load_state() replaces the model's and optimizer's tensors
+  // (state_generation() changes); on failure, as load(), nothing changes.
+  void save_state(std::ostream& out) const {
+    stepper_.sync_optimizer_state();
+    detail::checkpoint_archive(precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler()).save_to(out);
+  }
+  void load_state(std::istream& in) {
+    torch::serialize::InputArchive archive;
+    archive.load_from(in, parameter_device());
+    apply_or_roll_back(archive, "the state");
+  }
+  // Counts the times the model's and optimizer's tensors were replaced (by a
+  // load): what holds on to those tensors (a captured step) is stale after a change.
+  uint64_t state_generation() const { return generation_; }
+
+  // The region step() runs the forward in (the options' strict casts and linear routing).
+  region_type make_region() const { return region_type(options_.strict_casts(), options_.linear_routing()); }
+  // Where the model's parameters are.
+  c10::Device parameter_device() const { return module_->parameters().front().device(); }
 
   torch::nn::Module& module() { return *module_; }
   std::shared_ptr<torch::nn::Module> module_ptr() const { return module_; }
@@ -244,24 +271,6 @@ class Trainer {
   int64_t epoch() const { return epoch_; }
 
  private:
-  template <class, class, class, class>
-  friend class CapturedStep;
-
-  // The whole training state (model, optimizer, scaler, counters) in memory,
-  // and back: load()'s rollback, and capture()'s undoing of its warm-up.
-  // Restoring replaces tensors (generation() changes).
-  std::stringstream snapshot() const {
-    std::stringstream out;
-    stepper_.sync_optimizer_state();
-    detail::checkpoint_archive(precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler()).save_to(out);
-    return out;
-  }
-  void restore(std::stringstream& state) {
-    state.seekg(0);
-    torch::serialize::InputArchive archive;
-    archive.load_from(state, parameter_device());
-    apply(archive);
-  }
 
   // The scale as a tensor without a sync where the scaler has one (torch's
   // _get_scale_async); else its get_scale() (a user-defined scaler).
@@ -274,6 +283,21 @@ class Trainer {
   }
 
   CheckpointCounters counters() const { return CheckpointCounters{steps(), epoch_, batch_in_epoch_}; }
+
+  // apply(), and on any failure the state from before it back.
+  void apply_or_roll_back(torch::serialize::InputArchive& archive, const std::string& what) {
+    std::stringstream before;
+    save_state(before);
+    try {
+      apply(archive);
+    } catch (const c10::Error& e) {
+      torch::serialize::InputArchive back;
+      back.load_from(before, parameter_device());
+      apply(back);
+      TORCH_CHECK(false, "amp: ", what, " does not fit this model/optimizer (left unchanged): ",
+                  e.what_without_backtrace());
+    }
+  }
 
   void apply(torch::serialize::InputArchive& archive) {
     struct Reload {  // whatever happens, the fused path rereads the optimizer's state
@@ -291,7 +315,7 @@ class Trainer {
   at::Tensor forward(F& fn) {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the step function must take the region: [&](auto& region) { return loss; }");
-    region_type region(options_.strict_casts(), options_.linear_routing());
+    region_type region = make_region();
     return fn(region);
   }
 
@@ -308,15 +332,13 @@ class Trainer {
     return opt;
   }
 
-  c10::Device parameter_device() const { return module_->parameters().front().device(); }
-
   std::shared_ptr<torch::nn::Module> module_;
   TrainerOptions options_;
   Stepper<scaler_type> stepper_;
   bool closure_optimizer_;
   int64_t epoch_ = 0;
   int64_t batch_in_epoch_ = 0;
-  uint64_t generation_ = 0;  // counts apply()s: a captured step's tensors are stale after one
+  uint64_t generation_ = 0;  // counts apply()s (state_generation())
 };
 
 }  // namespace amp

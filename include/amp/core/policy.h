@@ -1,4 +1,4 @@
-// amp/policy.h: precision policies as types.
+// amp/core/policy.h: precision policies as types.
 //
 //   using P = amp::Mixed<amp::fp16, amp::DynamicScaler>;   // "16-mixed"
 //   static_assert(amp::policy_traits<P>::uses_autocast);
@@ -8,15 +8,15 @@
 // Compute through LibTorch's autocast, the loss scaled by Scaler.
 // True<Dtype>: the whole model in one dtype (Lightning's "-true" precisions),
 // no autocast; True<tf32> is fp32 storage with TF32 matmul/conv math on CUDA.
-// Which combinations are valid is decided in traits.h.
+// Which combinations are valid is decided in rules.h.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <type_traits>
 
-#include "amp/dtype.h"
-#include "amp/scaler/scaler_traits.h"  // forward declarations only: no ATen here
+#include "amp/core/dtype.h"
+#include "amp/core/scaler_concept.h"  // forward declarations only: no ATen here
 
 namespace amp {
 
@@ -79,7 +79,7 @@ struct user_scaler_policy_name {
 
 // Lightning's precision strings; amp's own extensions for the policies
 // Lightning has no name for ("16-mixed-static", "tf32-true"); a user-defined
-// scaler's policy is named from its kName (null without one: traits.h rejects it).
+// scaler's policy is named from its kName (null without one: rules.h rejects it).
 template <class P>
 struct policy_name {
   static constexpr const char* value = nullptr;
@@ -129,7 +129,7 @@ struct policy_name<True<fp16>> {
 }  // namespace detail
 
 // policy_traits<P>: what a policy means. Defined for every Mixed/True type; use
-// is_valid_policy_v (traits.h) to know whether the combination is allowed.
+// is_valid_policy_v (rules.h) to know whether the combination is allowed.
 template <class P>
 struct policy_traits;
 

@@ -1,4 +1,4 @@
-// amp/linear_routing.h: linear routing — inside a Mixed region, LibTorch's C++
+// amp/precision/linear_routing.h: linear routing — inside a Mixed region, LibTorch's C++
 // linear layers reach aten::linear, as Python's nn.Linear does, so autocast
 // casts each weight once per region instead of once per call.
 //
@@ -46,6 +46,7 @@
 #include <cstdint>
 
 #include "amp/detail/compat_ops.h"
+#include "amp/precision/detail/autocast_tls.h"
 
 namespace amp {
 
@@ -102,7 +103,7 @@ inline at::Tensor transposed_leaf(const at::Tensor& t) {
 // device, autocast on for it (not inside autocast's own kernels or a
 // full_precision island), not inside backward.
 inline bool routes(const LinearRoutingState& s, const at::Tensor& weight) {
-  return s.on && weight.device().type() == s.device && !compat::autocast_dispatch_excluded(s.device) &&
+  return s.on && weight.device().type() == s.device && !autocast_dispatch_excluded(s.device) &&
          !compat::inside_autograd_backward();
 }
 

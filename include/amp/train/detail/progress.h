@@ -1,4 +1,4 @@
-// amp/detail/progress.h: the progress display of Trainer::fit.
+// amp/train/detail/progress.h: the progress display of Trainer::fit.
 // On a terminal: one line redrawn in place (steps, loss, scale, it/s).
 // Otherwise (logs, CI): a plain line every `every` steps and at the end.
 #pragma once

@@ -1,4 +1,4 @@
-// amp/capture.h: CapturedStep, a Trainer's whole training step recorded once
+// amp/capture/captured_step.h: CapturedStep, a Trainer's whole training step recorded once
 // in a CUDA graph and replayed: forward under the policy's autocast, scaled
 // backward, inf/NaN check, clipping, the fused optimizer step and the scale
 // update, one graph launch per step instead of hundreds of kernel launches.
@@ -36,9 +36,10 @@
 
 #include "amp/detail/compat_cuda.h"
 #include "amp/detail/compat_ops.h"
-#include "amp/detail/static_batch.h"
-#include "amp/device.h"
-#include "amp/step.h"
+#include "amp/capture/detail/static_batch.h"
+#include "amp/core/device.h"
+#include "amp/train/stepper.h"
+#include "amp/train/trainer.h"
 
 namespace amp {
 namespace detail {
@@ -252,9 +253,9 @@ class CapturedStep {
   StepResult operator()(const Batch& batch) {
     check_replayable();
     inputs_.copy_from(batch);
-    const int64_t steps = trainer_->stepper_.steps();
+    const int64_t steps = trainer_->stepper().steps();
     StepResult r = recorder_.replay([&] { return run_step(); }, result_);
-    trainer_->stepper_.set_steps(steps + 1);  // the replayed step counts as an eager one
+    trainer_->stepper().set_steps(steps + 1);  // the replayed step counts as an eager one
     ++replays_;
     return r;
   }
@@ -278,11 +279,11 @@ class CapturedStep {
  private:
   void check_replayable() const {
     TORCH_CHECK(captured_, "amp: this step has no graph (its capture failed); call recapture()");
-    TORCH_CHECK(generation_ == trainer_->generation_,
+    TORCH_CHECK(generation_ == trainer_->state_generation(),
                 "amp: the tensors this step was captured with were replaced (by trainer.load(), or by another "
                 "capture() on this trainer, which undoes its warm-up from a snapshot); call recapture() before "
                 "replaying it");
-    const std::string changed = options_.changed(trainer_->stepper_.optimizer());
+    const std::string changed = options_.changed(trainer_->stepper().optimizer());
     TORCH_CHECK(changed.empty(), "amp: ", changed,
                 " since the step was captured, and a CUDA graph replays the values it was captured with; call "
                 "recapture() after changing the optimizer");
@@ -296,36 +297,41 @@ class CapturedStep {
       std::vector<at::Tensor> grads = current_grads();
       if (!grads.empty()) at::_foreach_zero_(grads);
     }
-    using Region = typename TrainerT::region_type;
-    auto forward = [&](Region& region) { return fn_(region, inputs_.buffers()); };
-    at::Tensor loss = trainer_->forward(forward);
-    return trainer_->stepper_.step_on_zeroed(loss);
+    at::Tensor loss;
+    {
+      typename TrainerT::region_type region = trainer_->make_region();
+      loss = fn_(region, inputs_.buffers());
+    }
+    return trainer_->stepper().step_on_zeroed(loss);
   }
 
   // The optimizer's parameters' gradients (those that have one).
   std::vector<at::Tensor> current_grads() const {
-    std::vector<at::Tensor> grads = trainer_->stepper_.gradients();  // the parameters
+    std::vector<at::Tensor> grads = trainer_->stepper().gradients();  // the parameters
     for (at::Tensor& g : grads) g = g.grad();
     return grads;
   }
 
   void record() {
     captured_ = false;
-    const std::string why = trainer_->stepper_.capture_blocker();
+    const std::string why = trainer_->stepper().capture_blocker();
     TORCH_CHECK(why.empty(), "amp: ", why);
     recorder_.reset();
     keep_.clear();
     // The trainer as it is now: the warm-up's steps are undone from it, and a
     // failed capture leaves the trainer as it was.
-    std::stringstream before = trainer_->snapshot();
+    std::stringstream before;
+    trainer_->save_state(before);
     const at::Tensor rng = recorder_.rng_state();
-    const int64_t steps = trainer_->stepper_.steps();
+    const int64_t steps = trainer_->stepper().steps();
     auto undo = [&] {
-      trainer_->restore(before);
+      before.clear();
+      before.seekg(0);
+      trainer_->load_state(before);
       if (rng.defined()) recorder_.set_rng_state(rng);
-      trainer_->stepper_.set_steps(steps);
+      trainer_->stepper().set_steps(steps);
       if constexpr (detail::has_discard_iteration<typename TrainerT::scaler_type>::value)
-        trainer_->stepper_.scaler().discard_iteration();
+        trainer_->stepper().scaler().discard_iteration();
     };
     try {
       recorder_.synchronize();
@@ -334,13 +340,13 @@ class CapturedStep {
       });
       recorder_.synchronize();
       undo();
-      trainer_->stepper_.make_static();  // state made now, kept fixed: the graph's tensors
+      trainer_->stepper().make_static();  // state made now, kept fixed: the graph's tensors
       keep_ = current_grads();           // the graph zeroes them in place: kept alive
-      options_ = detail::CapturedOptions(trainer_->stepper_.optimizer());
+      options_ = detail::CapturedOptions(trainer_->stepper().optimizer());
       result_ = recorder_.record([&] { return run_step(); });
       for (at::Tensor& g : current_grads()) keep_.push_back(g);  // the graph's own (its pool)
-      trainer_->stepper_.set_steps(steps);                       // recording ran no step
-      generation_ = trainer_->generation_;
+      trainer_->stepper().set_steps(steps);                       // recording ran no step
+      generation_ = trainer_->state_generation();
       captured_ = true;
     } catch (const std::exception& e) {
       const auto* error = dynamic_cast<const c10::Error*>(&e);
@@ -369,5 +375,16 @@ class CapturedStep {
   int64_t replays_ = 0;
   bool captured_ = false;
 };
+
+namespace detail {
+// Trainer::capture's maker (amp/train/trainer.h declares it; this header defines it).
+template <class TrainerT>
+struct StepCapturer<TrainerT, void> {
+  template <class F, class Batch>
+  static CapturedStep<TrainerT, std::decay_t<F>, Batch> make(TrainerT& trainer, F&& fn, const Batch& example) {
+    return CapturedStep<TrainerT, std::decay_t<F>, Batch>(trainer, std::forward<F>(fn), example);
+  }
+};
+}  // namespace detail
 
 }  // namespace amp

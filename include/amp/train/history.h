@@ -1,6 +1,6 @@
-// amp/history.h: fit()'s options and its per-step record.
+// amp/train/history.h: fit()'s options and its per-step record.
 //
-//   amp::History h = trainer.fit(loader, fn, amp::FitOptions().epochs(3).log_every(100));
+//   amp::History h = trainer.fit(loader, fn, amp::FitOptions().max_epochs(3).log_every(100));
 //   for (const amp::StepMetrics& m : h.steps) std::cout << m.step << " " << m.loss << "\n";
 //
 // fit() keeps each step's loss, scale and skip flag on the device and reads
@@ -15,15 +15,16 @@
 #include <string>
 #include <vector>
 
-#include "amp/detail/progress.h"
-#include "amp/step.h"
+#include "amp/train/detail/progress.h"
+#include "amp/train/stepper.h"
 
 namespace amp {
 
 struct FitOptions {
-  // Epochs in total: fit() continues from the trainer's current epoch (after a
-  // load(), the checkpoint's) until this many are done.
-  TORCH_ARG(int64_t, epochs) = 1;
+  // Epochs in total, as Lightning's max_epochs: fit() continues from the
+  // trainer's current epoch (after a load(), the checkpoint's) until this many
+  // are done; a fit() with none left says so (a warning) and returns.
+  TORCH_ARG(int64_t, max_epochs) = 1;
   // Stop after this many optimizer steps in total (-1: no limit).
   TORCH_ARG(int64_t, max_steps) = -1;
   // Save a checkpoint to checkpoint_path every N optimizer steps (0: never).

@@ -1,4 +1,4 @@
-// amp/scaler/scaler_traits.h: what a scaler type must provide.
+// amp/core/scaler_concept.h: what a scaler type must provide.
 //
 //   static_assert(amp::is_scaler_v<amp::DynamicScaler>);
 //   static_assert(amp::uses_loss_scaling_v<amp::DynamicScaler>);
@@ -10,10 +10,10 @@
 // whether the scaler multiplies the loss (DynamicScaler, StaticScaler) or not
 // (NoScaler). A user-defined scaler that provides all of these, and a
 // `static constexpr const char* kName` for its policy's precision string
-// (traits.h), is accepted by Mixed<> and Trainer<>.
+// (rules.h), is accepted by Mixed<> and Trainer<>.
 //
 // Only forward declarations here: the compile-time layer (policy.h,
-// traits.h) reads these traits without parsing ATen. The built-in scalers are
+// rules.h) reads these traits without parsing ATen. The built-in scalers are
 // known by name (builtin_scaler); their headers check that they match.
 #pragma once
 

@@ -1,4 +1,4 @@
-// amp/experiment.h: experiment grids as compile-time Boost.Hana lists.
+// amp/core/experiment.h: experiment grids as compile-time Boost.Hana lists.
 //
 //   amp::for_each_policy(amp::supported_policies<amp::CPU>, [](auto policy) {
 //     using P = typename decltype(policy)::type;  run<P>(); });
@@ -25,9 +25,9 @@
 #include <type_traits>
 #include <utility>
 
-#include "amp/device.h"
-#include "amp/policy.h"
-#include "amp/traits.h"
+#include "amp/core/device.h"
+#include "amp/core/policy.h"
+#include "amp/core/rules.h"
 
 namespace amp {
 

@@ -1,4 +1,4 @@
-// amp/traits.h: which policies are valid, which a device supports, and the
+// amp/core/rules.h: which policies are valid, which a device supports, and the
 // static rules that reject the others with a message naming the fix.
 //
 //   static_assert(amp::is_valid_policy_v<amp::Mixed<amp::bf16, amp::NoScaler>>);
@@ -13,10 +13,10 @@
 
 #include <type_traits>
 
-#include "amp/device.h"
-#include "amp/dtype.h"
-#include "amp/policy.h"
-#include "amp/scaler/scaler_traits.h"
+#include "amp/core/device.h"
+#include "amp/core/dtype.h"
+#include "amp/core/policy.h"
+#include "amp/core/scaler_concept.h"
 #include "amp/detail/compat.h"
 
 namespace amp {

@@ -1,4 +1,4 @@
-// amp/strict_casts.h: strict casts — a run-time check that catches manual
+// amp/precision/strict_casts.h: strict casts — a run-time check that catches manual
 // fp16/bf16 casts (x.to(torch::kHalf), x.to(torch::kBFloat16), x.to(other))
 // inside a mixed region, where no type system can see them.
 //
@@ -36,7 +36,8 @@
 #include <utility>
 
 #include "amp/detail/compat_ops.h"
-#include "amp/dtype.h"
+#include "amp/precision/detail/autocast_tls.h"
+#include "amp/core/dtype.h"
 
 namespace amp {
 
@@ -133,7 +134,7 @@ inline void check_user_cast(const c10::OperatorHandle& op, const torch::jit::Sta
     if (v.isTensor()) to = v.toTensor().scalar_type();
   }
   if (!to || !is_half_precision(*to) || t.scalar_type() == *to || t.device().type() != s.device ||
-      compat::autocast_dispatch_excluded(s.device) || compat::inside_autograd_backward()) {
+      autocast_dispatch_excluded(s.device) || compat::inside_autograd_backward()) {
     return;
   }
   std::string name = schema.name();

@@ -1,4 +1,4 @@
-// amp/detail/data_parallel_impl.h: DataParallel's construction helpers
+// amp/distributed/detail/data_parallel_impl.h: DataParallel's construction helpers
 // (amp/distributed.h): the cross-rank shape check, rank 0's broadcast, and
 // the bucket assignment.
 #pragma once
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "amp/detail/process_group.h"
+#include "amp/distributed/process_group.h"
 
 namespace amp::detail {
 

@@ -1,4 +1,4 @@
-// amp/dtype.h: dtype tags (fp16, bf16, fp32, fp64, tf32) and their traits.
+// amp/core/dtype.h: dtype tags (fp16, bf16, fp32, fp64, tf32) and their traits.
 //
 //   using D = amp::bf16;
 //   static_assert(amp::scalar_type_v<D> == c10::ScalarType::BFloat16);

@@ -1,0 +1,388 @@
+// amp/distributed/data_parallel.h: data-parallel training on c10d (LibTorch's own
+// distributed engine): CPU processes over Gloo; CUDA ones over NCCL where
+// LibTorch has it (AMP_HAS_NCCL; compiled, never run so far: README).
+//
+//   // launched as N processes: tools/launch -n 2 -- ./train   (or torchrun)
+//   amp::ProcessGroup pg = amp::init_process_group();      // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+//   amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(model, optimizer);
+//   amp::DataParallel dp(pg, trainer);                     // same shapes on every rank? rank 0's weights to all
+//   for (...) trainer.step([&](auto&) { return loss_on_my_shard(); });   // gradients averaged across ranks
+//   dp.save(trainer, "ckpt.pt");                           // rank 0 writes; every rank: trainer.load("ckpt.pt")
+//
+// DataParallel is the Stepper's GradientSync (amp/train/stepper.h): a hook on every
+// parameter copies its gradient into a size-capped bucket (25 MiB, like
+// torch's DDP) as backward produces it; a full bucket's all-reduce starts at
+// once (buckets in a fixed order, the same on every rank), overlapping the
+// rest of backward; finish_backward() waits for them, divides by the world
+// size and writes the averages into .grad. Micro-batches that do not end an
+// accumulation cycle communicate nothing (DDP's no_sync). Gradients are
+// averaged while scaled, so every rank unscales the same values, makes the
+// same skip decision and keeps the same loss scale (an inf on one rank reaches
+// all through the sum). Optionally the buckets travel as fp16 or bf16 (DDP's
+// fp16_compress_hook / bf16_compress_hook). A bucket whose dtype this
+// LibTorch's Gloo lacks (bf16 before 2.6) travels as an fp32 copy, averaged
+// in fp32 and rounded back once. Every wait is bounded by
+// ProcessGroupOptions::timeout: a dead or stopped peer is an amp: error.
+//
+// Needs Gloo's headers (Debian: libgloo-dev); defines USE_C10D_GLOO for them.
+#pragma once
+
+#include <torch/arg.h>
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "amp/distributed/detail/data_parallel_impl.h"
+#include "amp/distributed/process_group.h"
+#include "amp/train/history.h"
+#include "amp/train/stepper.h"
+
+namespace amp {
+
+enum class GradCompression { kNone, kFp16, kBf16 };
+
+struct DataParallelOptions {
+  // Bucket size cap in MiB (torch DDP's bucket_cap_mb); a larger parameter gets a bucket of its own.
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  // The dtype buckets travel in: kNone (the gradients' own), kFp16 or kBf16.
+  TORCH_ARG(GradCompression, compression) = GradCompression::kNone;
+  // Broadcast rank 0's buffers (e.g. BatchNorm statistics) with its parameters at construction.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  // Start each bucket's all-reduce as soon as backward has filled it (DDP).
+  // false: all after backward (for measuring what the overlap buys).
+  TORCH_ARG(bool, overlap) = true;
+};
+
+namespace detail {
+template <class T, class = void>
+struct has_stepper : std::false_type {};
+template <class T>
+struct has_stepper<T, std::void_t<decltype(std::declval<T&>().stepper().set_gradient_sync(nullptr))>> : std::true_type {
+};
+
+// One flat all-reduce buffer for a run of same-dtype parameters.
+struct Bucket {
+  at::Tensor flat;               // the gradients, side by side
+  at::Tensor comm;               // what is all-reduced (flat, or its fp16/bf16 copy)
+  std::vector<size_t> params;    // indices into DataParallel's parameters
+  std::vector<int64_t> offsets;  // each parameter's offset in flat
+  std::vector<bool> ready;       // per parameter: its gradient is in flat
+  size_t pending = 0;            // parameters not ready yet
+  bool divided = false;          // comm was divided by the world size before the sum (compression)
+  c10::intrusive_ptr<c10d::Work> work;
+};
+}  // namespace detail
+
+class DataParallel : public GradientSync {
+ public:
+  // `params` (and `buffers`) of this rank's replica: checked to have the same
+  // count, shapes and dtypes on every rank, then overwritten with rank 0's.
+  // Install it yourself: stepper.set_gradient_sync(&dp).
+  DataParallel(ProcessGroup pg, std::vector<at::Tensor> params, std::vector<at::Tensor> buffers = {},
+               DataParallelOptions options = {}, std::vector<std::string> names = {})
+      : pg_(std::move(pg)), options_(std::move(options)), params_(std::move(params)), names_(std::move(names)) {
+    setup(buffers);
+  }
+
+  // From a Trainer: its module's parameters and buffers; installs itself as
+  // the trainer's GradientSync and removes itself when destroyed.
+  template <class T, class = std::enable_if_t<detail::has_stepper<T>::value>>
+  DataParallel(ProcessGroup pg, T& trainer, DataParallelOptions options = {})
+      : pg_(std::move(pg)), options_(std::move(options)) {
+    std::vector<at::Tensor> buffers;
+    for (const auto& p : trainer.module().named_parameters(/*recurse=*/true)) {
+      names_.push_back(p.key());
+      params_.push_back(p.value());
+    }
+    for (const auto& b : trainer.module().buffers(/*recurse=*/true)) buffers.push_back(b);
+    setup(buffers);
+    auto* stepper = &trainer.stepper();
+    stepper->set_gradient_sync(this);
+    uninstall_ = [stepper, this] {
+      if (stepper->gradient_sync() == this) stepper->set_gradient_sync(nullptr);
+    };
+  }
+
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  ~DataParallel() override {
+    if (uninstall_) uninstall_();
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (hooks_[i] != kNoHook) params_[i].remove_hook(hooks_[i]);
+  }
+
+  // GradientSync: the Stepper's calls around each micro-batch's backward.
+  void begin_backward(bool boundary) override {
+    TORCH_CHECK(!in_flight(),
+                "amp: DataParallel::begin_backward() while the previous boundary's all-reduces are "
+                "still in flight; finish_backward() was not called");
+    active_ = boundary;
+    if (!boundary) return;
+    for (auto& b : buckets_) {
+      std::fill(b.ready.begin(), b.ready.end(), false);
+      b.pending = b.params.size();
+      b.work.reset();
+    }
+    next_ = 0;
+  }
+
+  void finish_backward() override {
+    if (!active_) return;
+    active_ = false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Parameters backward did not reach (unused in this forward): their
+    // current gradient, or zeros, so every rank all-reduces every bucket.
+    for (auto& b : buckets_)
+      for (size_t k = 0; k < b.params.size(); ++k)
+        if (!b.ready[k]) fill(b, k, at::Tensor());
+    launch_ready();
+    const double ws = static_cast<double>(pg_.world_size());
+    at::NoGradGuard no_grad;
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      auto& b = buckets_[bi];
+      pg_.wait(b.work,
+               "gradient all-reduce (bucket " + std::to_string(bi) + " of " + std::to_string(buckets_.size()) + ")");
+      b.work.reset();
+      // World size 1: the sum is the gradient itself and x / 1 is exact, so
+      // .grad ends as it would without DataParallel, bit for bit.
+      if (!b.divided) b.comm.div_(ws);
+      if (!b.comm.is_same(b.flat)) b.flat.copy_(b.comm);  // compressed or widened: back to the gradients' dtype
+      b.comm.reset();
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        at::Tensor& p = params_[b.params[k]];
+        const at::Tensor avg = slot(b, k);
+        if (p.grad().defined()) {
+          p.mutable_grad().copy_(avg);
+        } else {
+          p.mutable_grad() = avg.clone();
+        }
+      }
+    }
+  }
+
+  // All-reduces issued so far (one per bucket per optimizer step), and the bucket count.
+  int64_t allreduces() const { return allreduces_.load(); }
+  int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  // Parameter indices per bucket (in launch order).
+  std::vector<std::vector<size_t>> bucket_layout() const {
+    std::vector<std::vector<size_t>> out;
+    for (const auto& b : buckets_) out.push_back(b.params);
+    return out;
+  }
+
+  int rank() const { return pg_.rank(); }
+  int world_size() const { return pg_.world_size(); }
+  bool is_main() const { return pg_.rank() == 0; }
+  void barrier() const { pg_.barrier(); }
+  const ProcessGroup& process_group() const { return pg_; }
+
+  // Rank 0 writes trainer.save(path); every rank returns once it is written,
+  // or throws if rank 0 failed to write it. Call on every rank.
+  template <class T>
+  void save(const T& trainer, const std::string& path) const {
+    std::string error;
+    if (is_main()) {
+      try {
+        trainer.save(path);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    at::Tensor ok = at::full({1}, error.empty() ? 1 : 0, at::kInt);
+    pg_.broadcast(ok, 0, "checkpoint save of '" + path + "'");
+    TORCH_CHECK(ok.item<int>() == 1, "amp: rank 0 could not write checkpoint '", path, "'",
+                error.empty() ? std::string() : ": " + error);
+  }
+
+  // Trainer::fit across processes: rank r trains on batches r, r + W, r + 2W,
+  // ... of `batches` (W = world size; every rank passes the same range; the
+  // last size % W batches are dropped so that all ranks take the same number
+  // of steps, as DistributedSampler's drop_last). Only rank 0 draws progress.
+  // The History's losses are averaged over the ranks (one all-reduce at the
+  // end). For a LibTorch DataLoader, shard with
+  // torch::data::samplers::DistributedRandomSampler and call trainer.fit.
+  template <class T, class Range, class F>
+  History fit(T& trainer, const Range& batches, F&& fn, FitOptions fo = FitOptions()) {
+    using Batch = std::decay_t<decltype(*std::begin(batches))>;
+    std::vector<Batch> all(std::begin(batches), std::end(batches));
+    const size_t world = static_cast<size_t>(world_size());
+    std::vector<Batch> mine;
+    for (size_t i = static_cast<size_t>(rank()); i < all.size() / world * world; i += world) mine.push_back(all[i]);
+    const bool progress = trainer.options().progress();
+    trainer.set_progress(progress && is_main());
+    History history;
+    try {
+      history = trainer.fit(mine, std::forward<F>(fn), std::move(fo));
+    } catch (...) {
+      trainer.set_progress(progress);
+      throw;
+    }
+    trainer.set_progress(progress);
+    at::Tensor losses = at::empty({static_cast<int64_t>(history.steps.size())}, at::kDouble);
+    for (size_t i = 0; i < history.steps.size(); ++i) losses[static_cast<int64_t>(i)] = history.steps[i].loss;
+    pg_.allreduce_sum(losses, "fit()'s loss average");
+    for (size_t i = 0; i < history.steps.size(); ++i)
+      history.steps[i].loss = losses[static_cast<int64_t>(i)].item<double>() / static_cast<double>(world);
+    return history;
+  }
+
+  // Every rank reads the same file (after a save() or from an earlier run,
+  // with any world size).
+  template <class T>
+  void load(T& trainer, const std::string& path) const {
+    trainer.load(path);
+  }
+
+ private:
+  static constexpr unsigned kNoHook = static_cast<unsigned>(-1);
+
+  bool in_flight() const {
+    for (const auto& b : buckets_)
+      if (b.work) return true;
+    return false;
+  }
+
+  std::string name(size_t i) const { return i < names_.size() ? "'" + names_[i] + "'" : "#" + std::to_string(i); }
+
+  void setup(const std::vector<at::Tensor>& buffers) {
+    TORCH_CHECK(!params_.empty(), "amp: DataParallel needs the model's parameters; got none");
+    TORCH_CHECK(options_.bucket_cap_mb() > 0, "amp: DataParallelOptions::bucket_cap_mb must be > 0, got ",
+                options_.bucket_cap_mb());
+    for (size_t i = 0; i < params_.size(); ++i)
+      TORCH_CHECK(params_[i].defined(), "amp: DataParallel: parameter ", name(i),
+                  " is undefined; pass the "
+                  "model's parameters");
+    const c10::Device device = params_.front().device();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i];
+      TORCH_CHECK(p.device() == device, "amp: DataParallel: parameter ", name(i), " is on ", p.device(), " but ",
+                  name(0), " is on ", device, "; put the whole model on one device (model->to(pg.device()))");
+      TORCH_CHECK(at::isFloatingType(p.scalar_type()), "amp: DataParallel: parameter ", name(i), " is ",
+                  p.scalar_type(), ", not floating point");
+    }
+    if (device.is_cuda()) {
+      pg_.require_cuda("DataParallel's model (parameter " + name(0) + ")");
+    } else {
+      TORCH_CHECK(device.is_cpu(), "amp: DataParallel: the model is on ", device,
+                  "; amp trains CPU (Gloo) and CUDA (NCCL) models across processes: move it to one of them");
+      TORCH_CHECK(pg_.backend() != Backend::kNccl,
+                  "amp: DataParallel: the model is on CPU but "
+                  "ProcessGroupOptions::backend is kNccl (CUDA tensors only); move the model to pg.device() or "
+                  "use Backend::kAuto or kGloo");
+      if (options_.compression() != GradCompression::kNone) {
+        const bool half = options_.compression() == GradCompression::kFp16;
+        TORCH_CHECK(pg_.gloo_takes(half ? at::kHalf : at::kBFloat16), "amp: DataParallelOptions::compression(",
+                    half ? "kFp16" : "kBf16", ") on CPU needs a Gloo that takes ", half ? "Half" : "BFloat16",
+                    ", and this LibTorch's does not (it is a build option: Debian's 1.13 lacks BFloat16, its "
+                    "2.14 both); use GradCompression::kNone",
+                    pg_.gloo_takes(half ? at::kBFloat16 : at::kHalf) ? (half ? " or kBf16" : " or kFp16") : "");
+      }
+    }
+    const std::vector<at::Tensor> bufs = options_.broadcast_buffers() ? buffers : std::vector<at::Tensor>{};
+    detail::check_same_shapes(pg_, detail::shape_summary(params_, bufs), [this](size_t i) { return name(i); });
+    detail::broadcast_from_rank0(pg_, params_, "DataParallel parameter broadcast");
+    if (!bufs.empty()) detail::broadcast_from_rank0(pg_, bufs, "DataParallel buffer broadcast");
+    hooks_.assign(params_.size(), kNoHook);
+    for (auto& ids : detail::assign_buckets(params_, options_.bucket_cap_mb() * 1024.0 * 1024.0)) {
+      detail::Bucket b;
+      int64_t numel = 0;
+      for (size_t j : ids) {
+        b.offsets.push_back(numel);
+        numel += params_[j].numel();
+      }
+      b.flat = at::zeros({numel}, params_[ids.front()].options().requires_grad(false));
+      b.params = std::move(ids);
+      b.ready.assign(b.params.size(), false);
+      b.pending = b.params.size();
+      buckets_.push_back(std::move(b));
+    }
+    for (size_t bi = 0; bi < buckets_.size(); ++bi)
+      for (size_t k = 0; k < buckets_[bi].params.size(); ++k) {
+        const size_t j = buckets_[bi].params[k];
+        if (params_[j].requires_grad())
+          hooks_[j] = params_[j].register_hook([this, bi, k](const at::Tensor& grad) { on_grad(bi, k, grad); });
+      }
+  }
+
+  at::Tensor slot(detail::Bucket& b, size_t k) {
+    const at::Tensor& p = params_[b.params[k]];
+    return b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+  }
+
+  // grad: this backward's contribution (undefined: none); the bucket gets the
+  // value .grad will hold after accumulation (earlier micro-batches + grad).
+  void fill(detail::Bucket& b, size_t k, const at::Tensor& grad) {
+    at::NoGradGuard no_grad;
+    const at::Tensor& p = params_[b.params[k]];
+    at::Tensor s = slot(b, k);
+    const at::Tensor old = p.grad();
+    if (grad.defined() && old.defined()) {
+      at::add_out(s, old, grad);
+    } else if (grad.defined()) {
+      s.copy_(grad);
+    } else if (old.defined()) {
+      s.copy_(old);
+    } else {
+      s.zero_();
+    }
+    b.ready[k] = true;
+    --b.pending;
+  }
+
+  void on_grad(size_t bucket, size_t k, const at::Tensor& grad) {
+    if (!active_) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& b = buckets_[bucket];
+    TORCH_CHECK(!b.ready[k], "amp: DataParallel: parameter ", name(b.params[k]),
+                " received two gradients in one backward; call backward once per micro-batch");
+    TORCH_CHECK(!grad.is_sparse(), "amp: DataParallel: sparse gradients are not supported (parameter ",
+                name(b.params[k]), ")");
+    fill(b, k, grad);
+    if (options_.overlap()) launch_ready();
+  }
+
+  // Launches ready buckets in index order (the same order on every rank).
+  void launch_ready() {
+    while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
+      auto& b = buckets_[next_++];
+      at::NoGradGuard no_grad;
+      b.divided = options_.compression() != GradCompression::kNone;
+      if (!b.divided) {
+        b.comm = b.flat;
+      } else {
+        const auto dt = options_.compression() == GradCompression::kFp16 ? at::kHalf : at::kBFloat16;
+        b.comm = b.flat.div(static_cast<double>(pg_.world_size())).to(dt);
+      }
+      // A dtype this LibTorch's Gloo lacks (bf16 gradients before 2.6): an
+      // fp32 copy is summed; finish_backward divides it and rounds it back.
+      const c10::ScalarType wire = pg_.wire_dtype(b.comm);
+      if (wire != b.comm.scalar_type()) b.comm = b.comm.to(wire);
+      b.work = pg_.start_allreduce(b.comm, "gradient all-reduce");
+      ++allreduces_;
+    }
+  }
+
+  ProcessGroup pg_;
+  DataParallelOptions options_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<unsigned> hooks_;
+  std::vector<detail::Bucket> buckets_;
+  std::function<void()> uninstall_;
+  std::mutex mutex_;
+  size_t next_ = 0;
+  bool active_ = false;
+  std::atomic<int64_t> allreduces_{0};
+};
+
+}  // namespace amp

@@ -1,0 +1,28 @@
+// Compile-fail test: a Trainer given a temporary Module (amp keeps the model
+// alive in a shared_ptr, so it must be one already).
+// expect: amp: pass the model as a ModuleHolder (e.g. torch::nn::Linear), a std::shared_ptr<Module>, or a non-const Module& that lives in a shared_ptr
+// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
+// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+#include <amp/amp.h>
+#include <torch/torch.h>
+
+#include <memory>
+
+struct Net : torch::nn::Module {
+  torch::Tensor forward(const torch::Tensor& x) { return x; }
+};
+
+using T = amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
+
+// The passing twins: a shared_ptr, and a Module& that lives in one.
+void passing(torch::optim::Optimizer& optimizer) {
+  auto net = std::make_shared<Net>();
+  T by_pointer(net, optimizer);
+  T by_reference(*net, optimizer);
+}
+
+#ifdef AMP_SHOULD_FAIL
+void failing(torch::optim::Optimizer& optimizer) { T t(Net(), optimizer); }
+#endif
+
+int main() { return 0; }
