@@ -129,10 +129,11 @@ TEST(CaptureBlocker, TheFusedPathWithOneMicroBatchCanBeCaptured) {
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
   amp::Stepper<amp::DynamicScaler> stepper(adam);
   if (kFusedCpu) {
-    EXPECT_EQ(stepper.capture_blocker(), "");
+    EXPECT_EQ(amp::detail::capture_blocker(stepper), "");
   } else {
     // LibTorch < 2.4 has no fused CPU kernels: the reason names the fused step.
-    EXPECT_THAT(stepper.capture_blocker(), HasSubstr("capture() needs the fused, sync-free optimizer step"));
+    EXPECT_THAT(amp::detail::capture_blocker(stepper),
+                HasSubstr("capture() needs the fused, sync-free optimizer step"));
   }
 }
 
@@ -140,21 +141,22 @@ TEST(CaptureBlocker, SaysWhatToChange) {
   auto net = std::make_shared<Net>();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
   amp::Stepper<amp::DynamicScaler> unfused(adam, amp::StepperOptions().fused(false));
-  EXPECT_THAT(unfused.capture_blocker(), AllOf(HasSubstr("fused, sync-free optimizer step"), HasSubstr("unfused"),
-                                               HasSubstr("TrainerOptions().fused(true)")));
+  EXPECT_THAT(amp::detail::capture_blocker(unfused),
+              AllOf(HasSubstr("fused, sync-free optimizer step"), HasSubstr("unfused"),
+                    HasSubstr("TrainerOptions().fused(true)")));
   torch::optim::RMSprop rmsprop(net->parameters(), torch::optim::RMSpropOptions(1e-3));
   amp::Stepper<amp::NoScaler> other(rmsprop);
-  EXPECT_THAT(other.capture_blocker(), HasSubstr("use torch::optim::Adam, AdamW or SGD"));
+  EXPECT_THAT(amp::detail::capture_blocker(other), HasSubstr("use torch::optim::Adam, AdamW or SGD"));
   if (!kFusedCpu) return;  // the next two reasons come after the fused one
   amp::Stepper<amp::DynamicScaler> accumulating(adam, amp::StepperOptions().accumulation_steps(4));
-  EXPECT_THAT(accumulating.capture_blocker(),
+  EXPECT_THAT(amp::detail::capture_blocker(accumulating),
               AllOf(HasSubstr("accumulation_steps is 4"), HasSubstr("set accumulation_steps(1)")));
   amp::Stepper<amp::DynamicScaler> synced(adam);
   CountingSync sync;
   synced.set_gradient_sync(&sync);
-  EXPECT_THAT(synced.capture_blocker(), HasSubstr("a GradientSync is installed"));
+  EXPECT_THAT(amp::detail::capture_blocker(synced), HasSubstr("a GradientSync is installed"));
   synced.set_gradient_sync(nullptr);
-  EXPECT_EQ(synced.capture_blocker(), "");
+  EXPECT_EQ(amp::detail::capture_blocker(synced), "");
 }
 
 TEST(CaptureBlocker, MakeStaticRefusesTheUnfusedPath) {
@@ -166,10 +168,10 @@ TEST(CaptureBlocker, MakeStaticRefusesTheUnfusedPath) {
 
 // --- optimizer options baked into a graph ---------------------------------------
 
-TEST(CapturedOptions, SeesLrAndOtherHyperparameterChanges) {
+TEST(OptimizerOptionsSnapshot, SeesLrAndOtherHyperparameterChanges) {
   auto net = std::make_shared<Net>();
   torch::optim::AdamW adamw(net->fc1->parameters(), torch::optim::AdamWOptions(1e-3));
-  amp::detail::CapturedOptions captured(adamw);
+  amp::detail::OptimizerOptionsSnapshot captured(adamw);
   EXPECT_EQ(captured.changed(adamw), "");
   adamw.param_groups()[0].options().set_lr(5e-4);
   EXPECT_THAT(captured.changed(adamw),
@@ -184,7 +186,7 @@ TEST(CapturedOptions, SeesLrAndOtherHyperparameterChanges) {
   EXPECT_THAT(captured.changed(adamw), HasSubstr("the optimizer has 2 param groups, the step was captured with 1"));
 
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  amp::detail::CapturedOptions sgd_captured(sgd);
+  amp::detail::OptimizerOptionsSnapshot sgd_captured(sgd);
   static_cast<torch::optim::SGDOptions&>(sgd.param_groups()[0].options()).nesterov(true);
   EXPECT_THAT(sgd_captured.changed(sgd), HasSubstr("or another hyperparameter"));
 }
@@ -305,8 +307,8 @@ TEST_P(MakeStatic, EqualsOrdinaryFusedStepsOnTheSameTensors) {
     fa.step(scale, found(pa));
     fb.step(scale, found(pb));
     if (step == 20) {
-      fa.sync_to_optimizer();
-      fb.sync_to_optimizer();
+      fa.sync_optimizer_state();
+      fb.sync_optimizer_state();
     }
   }
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
@@ -328,12 +330,12 @@ TEST_P(MakeStatic, KeepsTheStateOfSkippedStepsAtTheSync) {
   amp::FusedStep fused(*opt);
   fused.make_static();
   fused.step(at::Tensor(), torch::ones({}));  // skipped
-  fused.sync_to_optimizer();
+  fused.sync_optimizer_state();
   ASSERT_EQ(opt->state().size(), 1u) << "the entry the graph writes must stay in optimizer.state()";
   amp::FusedStep ordinary(*opt);
   opt->state().clear();
   ordinary.step(at::Tensor(), torch::ones({}));
-  ordinary.sync_to_optimizer();
+  ordinary.sync_optimizer_state();
   EXPECT_EQ(opt->state().size(), 0u) << "an ordinary skipped first step leaves no state";
 }
 

@@ -286,7 +286,7 @@ Snapshot snapshot(Trial& r) {
 // What a skipped step may do: nothing, except make the state entries that
 // LibTorch's first step makes for parameters that had none (zero moments,
 // step 0, counter 0; a zero momentum buffer), since whether the step ran is
-// known only on the device; sync_to_optimizer() removes them again.
+// known only on the device; sync_optimizer_state() removes them again.
 ::testing::AssertionResult unchanged_by_skip(const Snapshot& before, const Snapshot& after) {
   Snapshot expected = before;
   for (size_t i = 0; i < before.params.size(); ++i) {
@@ -535,7 +535,7 @@ TEST_P(Fused, MatchesLibTorchsOwnStep) {
     EXPECT_LE(worst, kBound);
     std::printf("[ info ] %s on %s: %d steps, largest relative difference to LibTorch's step(): %.3g\n", c.name.c_str(),
                 c10::DeviceTypeName(device_).c_str(), kSteps, worst);
-    fused.fused->sync_to_optimizer();
+    fused.fused->sync_optimizer_state();
     for (size_t i = 0; i < init.size(); ++i) {
       const StateView x = state_of(*ref.opt, ref.params[i]), y = state_of(*fused.opt, fused.params[i]);
       EXPECT_EQ(x.present, y.present) << i;
@@ -643,7 +643,7 @@ TEST_P(Fused, ASkippedStepChangesNothing) {
         r.fused->step(flag(1024.0, device_), flag(1.0, device_));
         for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(bitwise_equal(r.params[i].grad(), grads[i])) << i;
         EXPECT_TRUE(unchanged_by_skip(before, snapshot(r)));
-        r.fused->sync_to_optimizer();
+        r.fused->sync_optimizer_state();
         EXPECT_TRUE(same_bits(before, snapshot(r)));
         EXPECT_EQ(r.opt->state().size(), 0u);
       }
@@ -657,7 +657,7 @@ TEST_P(Fused, ASkippedStepChangesNothing) {
         EXPECT_TRUE(same_bits(before, snapshot(r))) << "step " << t;
         for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(bitwise_equal(r.params[i].grad(), grads[i])) << i;
       }
-      r.fused->sync_to_optimizer();
+      r.fused->sync_optimizer_state();
       for (size_t i = 0; i < r.params.size(); ++i) {
         const StateView v = state_of(*r.opt, r.params[i]);
         if (c.kind != FusedKind::kSGD && specs()[i].gets_grad) {
@@ -709,14 +709,14 @@ TEST_P(Fused, RandomInfNanStepsMatchARunWithoutThem) {
       ref.step(t, scale, flag(scale, device_));  // the same scaled gradients, no found_inf
       own.step(t);
       if (t % 37 == 0) {  // a sync now and then must not change the outcome
-        main.fused->sync_to_optimizer();
-        ref.fused->sync_to_optimizer();
+        main.fused->sync_optimizer_state();
+        ref.fused->sync_optimizer_state();
         ASSERT_TRUE(same_bits(snapshot(main), snapshot(ref))) << "after sync at step " << t;
       }
     }
     ASSERT_TRUE(same_bits(snapshot(main), snapshot(ref))) << "end, unsynced";
-    main.fused->sync_to_optimizer();
-    ref.fused->sync_to_optimizer();
+    main.fused->sync_optimizer_state();
+    ref.fused->sync_optimizer_state();
     ASSERT_TRUE(same_bits(snapshot(main), snapshot(ref))) << "end, synced";
     std::string structure;
     const double d = compare_close(own, main, &structure);
@@ -773,7 +773,7 @@ void load(torch::optim::Optimizer& opt, const std::string& bytes) {
 }
 
 // Fused -> save -> load into a fresh optimizer (a fresh FusedStep, or the old
-// one after reload_from_optimizer()) -> fused: bit for bit the uninterrupted
+// one after reload_optimizer_state()) -> fused: bit for bit the uninterrupted
 // fused run. The same from a checkpoint of the optimizer's own steps into the
 // fused path, and from the fused path into the optimizer's own steps.
 TEST_P(Fused, CheckpointsRoundTripBetweenFusedAndUnfused) {
@@ -789,7 +789,7 @@ TEST_P(Fused, CheckpointsRoundTripBetweenFusedAndUnfused) {
     {
       Trial a(c, clone_params(init), true);
       fused_steps(a, 0, kBefore);
-      a.fused->sync_to_optimizer();
+      a.fused->sync_optimizer_state();
       for (size_t i = 0; i < init.size(); ++i)
         if (c.kind != FusedKind::kSGD && specs()[i].gets_grad) {
           EXPECT_EQ(state_of(*a.opt, a.params[i]).step, kBefore - 1) << i;
@@ -802,16 +802,16 @@ TEST_P(Fused, CheckpointsRoundTripBetweenFusedAndUnfused) {
       d.step(100);                               // ... and stepped, so it has device state to forget
       for (size_t i = 0; i < init.size(); ++i) d.params[i].detach().copy_(a.params[i]);
       load(*d.opt, bytes);
-      d.fused->reload_from_optimizer();
+      d.fused->reload_optimizer_state();
       fused_steps(a, kBefore, kBefore + kAfter);
       fused_steps(b, kBefore, kBefore + kAfter);
       fused_steps(d, kBefore, kBefore + kAfter);
       EXPECT_TRUE(same_bits(snapshot(a), snapshot(b))) << "fresh FusedStep";
-      a.fused->sync_to_optimizer();
-      b.fused->sync_to_optimizer();
-      d.fused->sync_to_optimizer();
+      a.fused->sync_optimizer_state();
+      b.fused->sync_optimizer_state();
+      d.fused->sync_optimizer_state();
       EXPECT_TRUE(same_bits(snapshot(a), snapshot(b))) << "fresh FusedStep, synced";
-      EXPECT_TRUE(same_bits(snapshot(a), snapshot(d))) << "reload_from_optimizer, synced";
+      EXPECT_TRUE(same_bits(snapshot(a), snapshot(d))) << "reload_optimizer_state, synced";
     }
     // Unfused -> fused.
     {
@@ -824,8 +824,8 @@ TEST_P(Fused, CheckpointsRoundTripBetweenFusedAndUnfused) {
       b.fused = std::make_unique<FusedStep>(*b.opt);
       fused_steps(a, kBefore, kBefore + kAfter);
       fused_steps(b, kBefore, kBefore + kAfter);
-      a.fused->sync_to_optimizer();
-      b.fused->sync_to_optimizer();
+      a.fused->sync_optimizer_state();
+      b.fused->sync_optimizer_state();
       EXPECT_TRUE(same_bits(snapshot(a), snapshot(b)));
       for (size_t i = 0; i < init.size(); ++i)
         if (c.kind != FusedKind::kSGD && specs()[i].gets_grad) {
@@ -836,7 +836,7 @@ TEST_P(Fused, CheckpointsRoundTripBetweenFusedAndUnfused) {
     {
       Trial a(c, clone_params(init), true);
       fused_steps(a, 0, kBefore);
-      a.fused->sync_to_optimizer();
+      a.fused->sync_optimizer_state();
       const std::string bytes = save(*a.opt);
       Trial b(c, clone_params(a.params), false);
       load(*b.opt, bytes);

@@ -132,7 +132,7 @@ TYPED_TEST(PrecisionPolicies, TwoOptimizersEqualTheRecipeByHand) {
   if (prec.fused(*a.opt_g)) fused_g.emplace(*b.opt_g);
   if (prec.fused(*a.opt_d)) fused_d.emplace(*b.opt_d);
   auto scaler_step = [&](torch::optim::Optimizer& opt, std::optional<amp::FusedStep>& fused) {
-    if constexpr (amp::detail::has_fused_step<typename Prec::scaler_type>::value) {
+    if constexpr (amp::scaler_capabilities<typename Prec::scaler_type>::fused_step) {
       if (fused) return scaler.step(opt, *fused);
     } else if (fused) {
       return fused->step();

@@ -24,6 +24,7 @@
 #include "amp/detail/compat.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/scaler/no_scaler.h"
+#include "amp/scaler/state_dict.h"
 #include "amp/scaler/static_scaler.h"
 #include "error_of.h"
 
@@ -56,6 +57,36 @@ struct Harness {
 };
 
 // --- lazy init, scale() --------------------------------------------------------
+
+// The optional capabilities (core/scaler_concept.h): the loss-scaling
+// scalers have all four; NoScaler reports found_inf (undefined: no check).
+struct MinimalScaler {
+  static constexpr bool kLossScaling = true;
+  torch::Tensor scale(const torch::Tensor& t) { return t; }
+  void unscale_(torch::optim::Optimizer&) {}
+  void step(torch::optim::Optimizer& o) { o.step(); }
+  void update() {}
+  double get_scale() const { return 1.0; }
+  bool is_enabled() const { return true; }
+  amp::StateDict state_dict() const { return amp::empty_state_dict(); }
+  void load_state_dict(const amp::StateDict&) {}
+};
+template <class S>
+constexpr int capabilities() {
+  using C = amp::scaler_capabilities<S>;
+  return C::found_inf * 1 + C::scale_async * 2 + C::fused_step * 4 + C::discard_iteration * 8;
+}
+static_assert(capabilities<amp::DynamicScaler>() == 15);
+static_assert(capabilities<amp::StaticScaler>() == 15);
+static_assert(capabilities<amp::NoScaler>() == 1);
+static_assert(amp::is_scaler_v<MinimalScaler> && capabilities<MinimalScaler>() == 0);
+
+TEST(ScalerState, EmptyStateDictIsEmptyAndTyped) {
+  amp::StateDict s = amp::empty_state_dict();
+  EXPECT_EQ(s.size(), 0u);
+  s.insert("scale", c10::IValue(2.0));
+  EXPECT_EQ(s.at("scale").toDouble(), 2.0);
+}
 
 TEST(DynamicScaler, DefaultsAreTorchs) {
   amp::GradScaler scaler;

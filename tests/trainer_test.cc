@@ -475,8 +475,7 @@ TEST(Fit, TrainsOverALoaderRecordsHistoryAndResumesMidEpochBitwise) {
   amp::History none = a.fit(loader_a, fn(net_a), amp::FitOptions().max_epochs(3));
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(none.steps.empty());
-  EXPECT_NE(err.find("amp: fit() has nothing to do: the trainer has done 3 epoch(s) and 24 step(s)"),
-            std::string::npos)
+  EXPECT_NE(err.find("amp: fit() has nothing to do: the trainer has done 3 epoch(s) and 24 step(s)"), std::string::npos)
       << err;
 
   // Stop after 13 steps (mid-epoch 2) with a checkpoint, resume in a new trainer.
@@ -513,7 +512,8 @@ TEST(TrainerModel, TakesAModuleReferenceThatLivesInASharedPtrAndRefusesOneThatDo
     amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> u(on_stack, opt2);
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("amp: the model (a torch::nn::Module&) does not live in a std::shared_ptr"));
+    EXPECT_THAT(e.what(),
+                ::testing::HasSubstr("amp: the model (a torch::nn::Module&) does not live in a std::shared_ptr"));
   }
 }
 

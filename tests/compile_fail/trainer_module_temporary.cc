@@ -1,6 +1,6 @@
 // Compile-fail test: a Trainer given a temporary Module (amp keeps the model
 // alive in a shared_ptr, so it must be one already).
-// expect: amp: pass the model as a ModuleHolder (e.g. torch::nn::Linear), a std::shared_ptr<Module>, or a non-const Module& that lives in a shared_ptr
+// expect: amp: pass the model as a ModuleHolder (e.g. torch::nn::Linear), a std::shared_ptr<Module>, or a
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
 #include <amp/amp.h>

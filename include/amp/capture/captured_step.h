@@ -47,10 +47,10 @@ namespace detail {
 // A copy of each param group's options: a CUDA graph replays the learning
 // rate and the other hyperparameters it was captured with, so a change
 // between replays must be caught, not silently ignored.
-class CapturedOptions {
+class OptimizerOptionsSnapshot {
  public:
-  CapturedOptions() = default;
-  explicit CapturedOptions(const torch::optim::Optimizer& optimizer) {
+  OptimizerOptionsSnapshot() = default;
+  explicit OptimizerOptionsSnapshot(const torch::optim::Optimizer& optimizer) {
     for (const auto& group : optimizer.param_groups()) {
       options_.push_back(group.options().clone());
       sizes_.push_back(group.params().size());
@@ -109,10 +109,23 @@ class AutocastCacheOff {
   bool was_;
 };
 
-template <class S, class = void>
-struct has_discard_iteration : std::false_type {};
-template <class S>
-struct has_discard_iteration<S, std::void_t<decltype(std::declval<S&>().discard_iteration())>> : std::true_type {};
+// Why a Stepper's step cannot be captured, in words that say what to change;
+// "" when it can: the fused path, one micro-batch per step, no multi-process hook.
+template <class Scaler>
+std::string capture_blocker(const Stepper<Scaler>& stepper) {
+  if (!stepper.fused())
+    return "capture() needs the fused, sync-free optimizer step, and this one takes the " + stepper.optimizer_path() +
+           " path: use torch::optim::Adam, AdamW or SGD with TrainerOptions().fused(true) (the default), on a "
+           "LibTorch and device with their fused kernels";
+  if (stepper.options().accumulation_steps() != 1)
+    return "capture() records one whole optimizer step, but accumulation_steps is " +
+           std::to_string(stepper.options().accumulation_steps()) +
+           ": set accumulation_steps(1) and capture the larger batch, or train with eager steps";
+  if (stepper.gradient_sync() != nullptr)
+    return "capture() does not record the all-reduces of multi-process training (a GradientSync is installed): "
+           "train DataParallel with eager steps";
+  return "";
+}
 
 #if AMP_WITH_CUDA
 // How CapturedStep records and replays on CUDA: warm-up and capture on a side
@@ -307,14 +320,14 @@ class CapturedStep {
 
   // The optimizer's parameters' gradients (those that have one).
   std::vector<at::Tensor> current_grads() const {
-    std::vector<at::Tensor> grads = trainer_->stepper().gradients();  // the parameters
+    std::vector<at::Tensor> grads = trainer_->stepper().parameters();
     for (at::Tensor& g : grads) g = g.grad();
     return grads;
   }
 
   void record() {
     captured_ = false;
-    const std::string why = trainer_->stepper().capture_blocker();
+    const std::string why = detail::capture_blocker(trainer_->stepper());
     TORCH_CHECK(why.empty(), "amp: ", why);
     recorder_.reset();
     keep_.clear();
@@ -330,7 +343,7 @@ class CapturedStep {
       trainer_->load_state(before);
       if (rng.defined()) recorder_.set_rng_state(rng);
       trainer_->stepper().set_steps(steps);
-      if constexpr (detail::has_discard_iteration<typename TrainerT::scaler_type>::value)
+      if constexpr (scaler_capabilities<typename TrainerT::scaler_type>::discard_iteration)
         trainer_->stepper().scaler().discard_iteration();
     };
     try {
@@ -341,11 +354,11 @@ class CapturedStep {
       recorder_.synchronize();
       undo();
       trainer_->stepper().make_static();  // state made now, kept fixed: the graph's tensors
-      keep_ = current_grads();           // the graph zeroes them in place: kept alive
-      options_ = detail::CapturedOptions(trainer_->stepper().optimizer());
+      keep_ = current_grads();            // the graph zeroes them in place: kept alive
+      options_ = detail::OptimizerOptionsSnapshot(trainer_->stepper().optimizer());
       result_ = recorder_.record([&] { return run_step(); });
       for (at::Tensor& g : current_grads()) keep_.push_back(g);  // the graph's own (its pool)
-      trainer_->stepper().set_steps(steps);                       // recording ran no step
+      trainer_->stepper().set_steps(steps);                      // recording ran no step
       generation_ = trainer_->state_generation();
       captured_ = true;
     } catch (const std::exception& e) {
@@ -369,7 +382,7 @@ class CapturedStep {
   detail::StaticBatch<Batch> inputs_;
   Recorder recorder_;
   StepResult result_;
-  detail::CapturedOptions options_;
+  detail::OptimizerOptionsSnapshot options_;
   std::vector<at::Tensor> keep_;  // tensors the graph writes that nothing else may own
   uint64_t generation_ = 0;
   int64_t replays_ = 0;

@@ -1,8 +1,9 @@
-// amp/core/scaler_concept.h: what a scaler type must provide.
+// amp/core/scaler_concept.h: what a scaler type must provide, and what it may.
 //
 //   static_assert(amp::is_scaler_v<amp::DynamicScaler>);
 //   static_assert(amp::uses_loss_scaling_v<amp::DynamicScaler>);
 //   static_assert(!amp::uses_loss_scaling_v<amp::NoScaler>);
+//   static_assert(amp::scaler_capabilities<amp::DynamicScaler>::fused_step);
 //
 // The interface is torch.amp.GradScaler's: scale(loss), unscale_(optimizer),
 // step(optimizer), update(), get_scale(), is_enabled(), state_dict(),
@@ -11,6 +12,11 @@
 // (NoScaler). A user-defined scaler that provides all of these, and a
 // `static constexpr const char* kName` for its policy's precision string
 // (rules.h), is accepted by Mixed<> and Trainer<>.
+//
+// Optional, each detected by scaler_capabilities and used where present:
+// found_inf(), get_scale_async(), step(optimizer, FusedStep&) and
+// discard_iteration() (see there for what each buys). LossScalerBase
+// (scaler/loss_scaler.h) provides all four.
 //
 // Only forward declarations here: the compile-time layer (policy.h,
 // rules.h) reads these traits without parsing ATen. The built-in scalers are
@@ -38,6 +44,7 @@ class Optimizer;
 namespace amp {
 
 class NoScaler;
+class FusedStep;
 class StaticScaler;
 class DynamicScaler;
 
@@ -112,5 +119,43 @@ inline constexpr bool builtin_scaler_matches_v =
 // True for scalers that multiply the loss (and so must unscale and check inf/NaN).
 template <class S>
 inline constexpr bool uses_loss_scaling_v = uses_loss_scaling<S>::value;
+
+namespace detail {
+template <class S, class = void>
+struct has_found_inf : std::false_type {};
+template <class S>
+struct has_found_inf<S, std::void_t<decltype(std::declval<const S&>().found_inf())>> : std::true_type {};
+template <class S, class = void>
+struct has_scale_async : std::false_type {};
+template <class S>
+struct has_scale_async<S, std::void_t<decltype(std::declval<const S&>().get_scale_async())>> : std::true_type {};
+template <class S, class = void>
+struct has_fused_step : std::false_type {};
+template <class S>
+struct has_fused_step<S, std::void_t<decltype(std::declval<S&>().step(std::declval<torch::optim::Optimizer&>(),
+                                                                      std::declval<FusedStep&>()))>> : std::true_type {
+};
+template <class S, class = void>
+struct has_discard_iteration : std::false_type {};
+template <class S>
+struct has_discard_iteration<S, std::void_t<decltype(std::declval<S&>().discard_iteration())>> : std::true_type {};
+}  // namespace detail
+
+// The optional methods a scaler S has: what each buys where it is present.
+template <class S>
+struct scaler_capabilities {
+  // at::Tensor found_inf() const: the last step's inf/NaN flag on the device;
+  // Stepper and Precision report skips without a host sync.
+  static constexpr bool found_inf = detail::has_found_inf<S>::value;
+  // at::Tensor get_scale_async() const: the scale on the device (torch's
+  // _get_scale_async); fit() records it without a host sync.
+  static constexpr bool scale_async = detail::has_scale_async<S>::value;
+  // void step(Optimizer&, FusedStep&): the fused, sync-free optimizer path
+  // (without it a loss-scaling scaler takes the unfused one).
+  static constexpr bool fused_step = detail::has_fused_step<S>::value;
+  // void discard_iteration(): forget the current iteration's per-optimizer
+  // stages; capture() undoes its warm-up steps with it.
+  static constexpr bool discard_iteration = detail::has_discard_iteration<S>::value;
+};
 
 }  // namespace amp

@@ -55,6 +55,14 @@ struct ProcessInfo {
 };
 
 namespace detail {
+// An exception's message without what follows its first line (a c10::Error's backtrace).
+inline std::string first_line(const std::exception& e) {
+  std::string msg = e.what();
+  const auto nl = msg.find('\n');
+  if (nl != std::string::npos) msg.resize(nl);
+  return msg;
+}
+
 inline std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? std::string() : std::string(v);
@@ -160,12 +168,10 @@ class ProcessGroup {
         nccl_->group = detail::compat::make_nccl(c10::make_intrusive<c10d::PrefixStore>("amp_nccl", store_), info_.rank,
                                                  info_.world_size, timeout_);
       } catch (const std::exception& e) {
-        std::string msg = e.what();
-        if (msg.find('\n') != std::string::npos) msg.resize(msg.find('\n'));
         TORCH_CHECK(false, "amp: rank ", info_.rank, " of ", info_.world_size,
                     " could not create its NCCL group (is this process's GPU free, and NCCL's library the one "
                     "LibTorch was built with?): ",
-                    msg);
+                    detail::first_line(e));
       }
     }
     return *nccl_->group;
@@ -197,9 +203,7 @@ class ProcessGroup {
       if (work->wait(timeout_)) return;
       error = "wait() returned false";
     } catch (const std::exception& e) {
-      error = e.what();
-      const auto nl = error.find('\n');  // c10::Error: the message, not the backtrace
-      if (nl != std::string::npos) error.resize(nl);
+      error = detail::first_line(e);
     }
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     TORCH_CHECK(false, "amp: ", what, " on rank ", info_.rank, " of ", info_.world_size, " failed after ", ms.count(),
@@ -313,12 +317,10 @@ inline ProcessGroup init_process_group(const ProcessInfo& info, const ProcessGro
         info.master_addr, detail::compat::tcp_store_options(static_cast<uint16_t>(info.master_port), info.rank == 0,
                                                             info.world_size, options.timeout()));
   } catch (const std::exception& e) {
-    std::string msg = e.what();
-    if (msg.find('\n') != std::string::npos) msg.resize(msg.find('\n'));
     TORCH_CHECK(false, "amp: rank ", info.rank, " of ", info.world_size, " could not rendezvous at ", where, " within ",
                 options.timeout().count(), " ms (",
                 info.rank == 0 ? "is the port free, and did every rank start?" : "is rank 0 running there?",
-                "): ", msg);
+                "): ", detail::first_line(e));
   }
   auto gloo_options = detail::compat::GlooOptions::create(options.timeout());
   const std::string host = !options.hostname().empty()             ? options.hostname()
@@ -330,10 +332,8 @@ inline ProcessGroup init_process_group(const ProcessInfo& info, const ProcessGro
   try {
     gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, info.rank, info.world_size, gloo_options);
   } catch (const std::exception& e) {
-    std::string msg = e.what();
-    if (msg.find('\n') != std::string::npos) msg.resize(msg.find('\n'));
     TORCH_CHECK(false, "amp: rank ", info.rank, " of ", info.world_size, " could not connect the Gloo group via ",
-                where, " within ", options.timeout().count(), " ms: ", msg);
+                where, " within ", options.timeout().count(), " ms: ", detail::first_line(e));
   }
   const detail::compat::GlooDtypes dtypes = detail::compat::probe_gloo_dtypes(*gloo, options.timeout());
   return ProcessGroup(info, std::move(store), std::move(gloo), options.timeout(), options.backend(), device, dtypes);

@@ -5,8 +5,8 @@
 //   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
 //   amp::FusedStep fused(optimizer);      // throws "amp: ..." where no fused kernel serves it
 //   scaler.step(optimizer, fused);        // torch.optim.AdamW(fused=True) under GradScaler.step()
-//   fused.sync_to_optimizer();            // before optimizer.save(): step counts to the host (a sync)
-//   optimizer.load(archive);  fused.reload_from_optimizer();
+//   fused.sync_optimizer_state();            // before optimizer.save(): step counts to the host (a sync)
+//   optimizer.load(archive);  fused.reload_optimizer_state();
 //
 // Python's recipe, argument for argument (torch/optim/adam.py _fused_adam,
 // adamw.py, sgd.py _fused_sgd; grad_scaler.py step()): per (param group,
@@ -39,7 +39,6 @@ inline FusedKind fused_kind(const torch::optim::Optimizer& optimizer, c10::Devic
   FusedKind kind = FusedKind::kNone;
   return detail::fused::unsupported_reason(optimizer, device, &kind).empty() ? kind : FusedKind::kNone;
 }
-
 
 class FusedStep {
  public:
@@ -112,7 +111,7 @@ class FusedStep {
   // settles pending SGD buffers: one device-to-host copy per device (a host
   // sync). Afterwards optimizer.state() is what LibTorch's own steps would
   // have made (skipped steps not counted), ready for optimizer.save().
-  void sync_to_optimizer() {
+  void sync_optimizer_state() {
     auto& state = optimizer_->state();
     // Drop records whose state entry is gone or was replaced: the entry is
     // authoritative then.
@@ -149,7 +148,7 @@ class FusedStep {
   // Forgets the device counters and pending buffers and reads the optimizer's
   // state anew at the next step (Adam: counters from step()). For after
   // optimizer.load(); what was not synced is lost. Ends make_static().
-  void reload_from_optimizer() {
+  void reload_optimizer_state() {
     records_.clear();
     static_ = false;
   }
@@ -157,12 +156,12 @@ class FusedStep {
   // Makes the state of every parameter that has a gradient now, as its first
   // step would (zero moments and counters; SGD buffers flagged "first step
   // not run" on the device), and from then on keeps every state tensor and
-  // counter: later steps make, replace and drop none, and sync_to_optimizer()
+  // counter: later steps make, replace and drop none, and sync_optimizer_state()
   // keeps entries whose steps were all skipped (with step 0, which Adam and
   // SGD treat as a fresh state; SGD with dampening excepted, whose first step
   // after such a reload is the non-first formula). Each step then runs the
   // same kernels on the same tensors, which a CUDA graph of the step needs
-  // (amp/capture/captured_step.h). Until reload_from_optimizer().
+  // (amp/capture/captured_step.h). Until reload_optimizer_state().
   void make_static() {
     at::NoGradGuard no_grad;
     std::vector<detail::fused::Call> calls;
@@ -180,7 +179,7 @@ class FusedStep {
   bool is_static() const { return static_; }
 
   // The float32 device step counter of `param` (Adam, AdamW), undefined before
-  // its first fused step or after reload_from_optimizer().
+  // its first fused step or after reload_optimizer_state().
   at::Tensor step_count(const at::Tensor& param) const {
     auto it = records_.find(param.unsafeGetTensorImpl());
     return it == records_.end() ? at::Tensor() : it->second.step;
@@ -203,7 +202,7 @@ class FusedStep {
     check_device(p.device().type());
     const std::string bad = detail::fused::known_bad(kind_, p);
     TORCH_CHECK(bad.empty(), "amp: FusedStep: parameter ", i, " of param group ", g, ": ", bad,
-                "; step this optimizer with its own step() (TrainerOptions().fused(false))");
+                "; step this optimizer with its own step() instead (the options' fused(false))");
     detail::fused::check_param_layout(p, grad, g, i);
   }
 
@@ -339,8 +338,8 @@ class FusedStep {
     at::_foreach_add_(call.steps, at::Scalar(1));
     const c10::optional<at::Tensor> found = flags.found(call.device);
     detail::fused::adam_(kind_ == FusedKind::kAdamW, call.params, call.grads, call.exp_avgs, call.exp_avg_sqs,
-                 call.max_exp_avg_sqs, call.steps, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps, h.amsgrad,
-                 /*maximize=*/false, flags.scale(call.device), found);
+                         call.max_exp_avg_sqs, call.steps, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps, h.amsgrad,
+                         /*maximize=*/false, flags.scale(call.device), found);
     if (found) {
       at::_foreach_sub_(call.steps, std::vector<at::Tensor>(call.steps.size(), *found));
     } else {
@@ -353,8 +352,9 @@ class FusedStep {
     const c10::optional<at::Tensor> scale = flags.scale(call.device);
     const c10::optional<at::Tensor> found = flags.found(call.device);
     auto sgd = [&](const std::vector<at::Tensor>& bufs, bool is_first_step, const c10::optional<at::Tensor>& skip) {
-      detail::fused::sgd_(call.params, call.grads, bufs, o.weight_decay(), o.momentum(), o.lr(), o.dampening(), o.nesterov(),
-                  /*maximize=*/false, is_first_step, scale, skip);
+      detail::fused::sgd_(call.params, call.grads, bufs, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+                          o.nesterov(),
+                          /*maximize=*/false, is_first_step, scale, skip);
     };
     if (o.momentum() == 0.0) {
       sgd({}, false, found);
@@ -396,7 +396,8 @@ class FusedStep {
   FusedKind kind_ = FusedKind::kNone;
   std::vector<c10::DeviceType> devices_;  // devices checked by fused_kind's rules
   std::unordered_map<c10::TensorImpl*, Record> records_;
-  std::vector<std::pair<c10::TensorImpl*, detail::compat::OptimStateKey>> made_;  // entries made by the step in progress
+  std::vector<std::pair<c10::TensorImpl*, detail::compat::OptimStateKey>>
+      made_;             // entries made by the step in progress
   bool static_ = false;  // make_static(): no state tensor is made, replaced or dropped
 };
 

@@ -54,13 +54,6 @@ inline at::Tensor clip_grad_norm_no_sync(const std::vector<at::Tensor>& params, 
   return total;
 }
 
-template <class S, class = void>
-struct has_fused_step : std::false_type {};
-template <class S>
-struct has_fused_step<S, std::void_t<decltype(std::declval<S&>().step(std::declval<torch::optim::Optimizer&>(),
-                                                                      std::declval<FusedStep&>()))>> : std::true_type {
-};
-
 template <class Scaler>
 class OptimizerStep {
  public:
@@ -68,7 +61,7 @@ class OptimizerStep {
   // step()). max_grad_norm 0: no clipping.
   OptimizerStep(torch::optim::Optimizer& optimizer, bool fused, double max_grad_norm, double norm_type)
       : optimizer_(&optimizer), max_grad_norm_(max_grad_norm), norm_type_(norm_type) {
-    if (fused && (!uses_loss_scaling_v<Scaler> || has_fused_step<Scaler>::value)) {
+    if (fused && (!uses_loss_scaling_v<Scaler> || scaler_capabilities<Scaler>::fused_step)) {
       const auto& groups = optimizer.param_groups();
       if (!groups.empty() && !groups.front().params().empty() &&
           fused_kind(optimizer, groups.front().params().front().device().type()) != FusedKind::kNone) {
@@ -85,7 +78,7 @@ class OptimizerStep {
       clip();
     }
     if (fused_) {
-      if constexpr (has_fused_step<Scaler>::value) {
+      if constexpr (scaler_capabilities<Scaler>::fused_step) {
         scaler.step(*optimizer_, *fused_);
       } else {
         fused_->step();
@@ -96,10 +89,10 @@ class OptimizerStep {
   }
 
   // Clips the gradients of all param groups to max_grad_norm (no sync).
-  void clip() { clip_grad_norm_no_sync(gradients(), max_grad_norm_, norm_type_); }
+  void clip() { clip_grad_norm_no_sync(parameters(), max_grad_norm_, norm_type_); }
 
   bool fused() const { return fused_.has_value(); }
-  std::string path() const {
+  std::string optimizer_path() const {
     if (!fused_)
       return "unfused (the optimizer's own step()" +
              std::string(uses_loss_scaling_v<Scaler> ? "; one host sync per step to decide a skip)" : ")");
@@ -108,17 +101,17 @@ class OptimizerStep {
   // The fused path's device step counters into optimizer.state() (a host
   // sync), before saving the optimizer; a no-op on the unfused path.
   void sync_optimizer_state() const {
-    if (fused_) fused_->sync_to_optimizer();
+    if (fused_) fused_->sync_optimizer_state();
   }
   // After optimizer.load(): the fused path rereads the optimizer's state.
   void reload_optimizer_state() {
-    if (fused_) fused_->reload_from_optimizer();
+    if (fused_) fused_->reload_optimizer_state();
   }
   // FusedStep::make_static (callers check fused() first).
   void make_static() { fused_->make_static(); }
 
   // The parameters of all param groups that have a gradient.
-  std::vector<at::Tensor> gradients() const {
+  std::vector<at::Tensor> parameters() const {
     std::vector<at::Tensor> params;
     for (const auto& group : optimizer_->param_groups())
       for (const auto& p : group.params())

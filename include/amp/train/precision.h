@@ -164,7 +164,7 @@ class Precision {
     scaler_.update();
     std::fill(stepped_.begin(), stepped_.end(), false);
     ++steps_;
-    if constexpr (detail::has_found_inf<scaler_type>::value) return scaler_.found_inf();
+    if constexpr (scaler_capabilities<scaler_type>::found_inf) return scaler_.found_inf();
     return at::Tensor();
   }
 
@@ -228,7 +228,7 @@ class Precision {
   // Whether this optimizer takes the fused, sync-free step, and its path in words.
   bool fused(const torch::optim::Optimizer& optimizer) const { return parts_[index_of(optimizer, "fused")]->fused(); }
   std::string optimizer_path(const torch::optim::Optimizer& optimizer) const {
-    return parts_[index_of(optimizer, "optimizer_path")]->path();
+    return parts_[index_of(optimizer, "optimizer_path")]->optimizer_path();
   }
 
  private:

@@ -62,11 +62,6 @@ inline void validate(const StepperOptions& o) {
   TORCH_CHECK(o.norm_type() > 0.0, "amp: norm_type must be > 0 (2 for the L2 norm), got ", o.norm_type());
   TORCH_CHECK(o.accumulation_steps() >= 1, "amp: accumulation_steps must be >= 1, got ", o.accumulation_steps());
 }
-
-template <class S, class = void>
-struct has_found_inf : std::false_type {};
-template <class S>
-struct has_found_inf<S, std::void_t<decltype(std::declval<const S&>().found_inf())>> : std::true_type {};
 }  // namespace detail
 
 // What one call of step() did. Tensors, so that no host sync is forced;
@@ -141,7 +136,7 @@ class Stepper {
   StepResult finish_step(at::Tensor loss) {
     part_.run(scaler_);
     at::Tensor found_inf;
-    if constexpr (detail::has_found_inf<Scaler>::value) found_inf = scaler_.found_inf();
+    if constexpr (scaler_capabilities<Scaler>::found_inf) found_inf = scaler_.found_inf();
     scaler_.update();
     ++steps_;
     return StepResult{std::move(loss), std::move(found_inf), true};
@@ -176,34 +171,18 @@ class Stepper {
 
   // Whether steps take the fused, sync-free path; and which path, in words.
   bool fused() const { return part_.fused(); }
-  std::string path() const { return part_.path(); }
+  std::string optimizer_path() const { return part_.optimizer_path(); }
   // Brings the fused path's device step counters into optimizer.state() (a
   // host sync): call before saving the optimizer. A no-op on the unfused path.
   void sync_optimizer_state() const { part_.sync_optimizer_state(); }
   // After optimizer.load(): the fused path rereads the optimizer's state.
   void reload_optimizer_state() { part_.reload_optimizer_state(); }
 
-  // Why this step cannot be captured in a CUDA graph (amp/capture/captured_step.h), in
-  // words that say what to change; "" when it can: the fused path, one
-  // micro-batch per step, no multi-process hook.
-  std::string capture_blocker() const {
-    if (!part_.fused())
-      return "capture() needs the fused, sync-free optimizer step, and this one takes the " + path() +
-             " path: use torch::optim::Adam, AdamW or SGD with TrainerOptions().fused(true) (the default), on a "
-             "LibTorch and device with their fused kernels";
-    if (options_.accumulation_steps() != 1)
-      return "capture() records one whole optimizer step, but accumulation_steps is " +
-             std::to_string(options_.accumulation_steps()) +
-             ": set accumulation_steps(1) and capture the larger batch, or train with eager steps";
-    if (sync_ != nullptr)
-      return "capture() does not record the all-reduces of multi-process training (a GradientSync is installed): "
-             "train DataParallel with eager steps";
-    return "";
-  }
   // The fused path's state made now and kept fixed (FusedStep::make_static),
   // so that every step runs on the same tensors; for capture().
   void make_static() {
-    TORCH_CHECK(part_.fused(), "amp: make_static() needs the fused step; ", capture_blocker());
+    TORCH_CHECK(part_.fused(), "amp: make_static() needs the fused step, and this Stepper takes the ",
+                part_.optimizer_path(), " path");
     part_.make_static();
   }
 
@@ -223,7 +202,7 @@ class Stepper {
   void set_steps(int64_t steps) { steps_ = steps; }
 
   // The parameters of all param groups that have a gradient.
-  std::vector<at::Tensor> gradients() const { return part_.gradients(); }
+  std::vector<at::Tensor> parameters() const { return part_.parameters(); }
 
  private:
   StepperOptions options_;

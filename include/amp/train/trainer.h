@@ -92,11 +92,6 @@ struct StepCapturer {
                 "<amp/amp.h>)");
 };
 
-template <class S, class = void>
-struct has_scale_async : std::false_type {};
-template <class S>
-struct has_scale_async<S, std::void_t<decltype(std::declval<const S&>().get_scale_async())>> : std::true_type {};
-
 }  // namespace detail
 
 template <class Policy, class Device = CUDA>
@@ -267,15 +262,14 @@ class Trainer {
   // Whether steps take the fused, sync-free optimizer path, and the path in words
   // (TrainerOptions().fused(false) turns it off).
   bool fused() const { return stepper_.fused(); }
-  std::string optimizer_path() const { return stepper_.path(); }
+  std::string optimizer_path() const { return stepper_.optimizer_path(); }
   int64_t epoch() const { return epoch_; }
 
  private:
-
   // The scale as a tensor without a sync where the scaler has one (torch's
   // _get_scale_async); else its get_scale() (a user-defined scaler).
   at::Tensor scale_tensor() const {
-    if constexpr (detail::has_scale_async<scaler_type>::value) {
+    if constexpr (scaler_capabilities<scaler_type>::scale_async) {
       const at::Tensor t = stepper_.scaler().get_scale_async();
       if (t.defined()) return t;
     }
@@ -294,8 +288,8 @@ class Trainer {
       torch::serialize::InputArchive back;
       back.load_from(before, parameter_device());
       apply(back);
-      TORCH_CHECK(false, "amp: ", what, " does not fit this model/optimizer (left unchanged): ",
-                  e.what_without_backtrace());
+      TORCH_CHECK(false, "amp: ", what,
+                  " does not fit this model/optimizer (left unchanged): ", e.what_without_backtrace());
     }
   }
 

@@ -13,7 +13,7 @@
 //   skipped is "pending" on the device: until known, two calls run, each
 //   gated by a flag so that exactly one (or none, on inf) takes effect. Python
 //   keeps torch.empty_like buffers after a skipped first step.
-// - sync_to_optimizer() removes state entries made by FusedStep whose first
+// - sync_optimizer_state() removes state entries made by FusedStep whose first
 //   step never ran, so the LibTorch state is that of a run without the
 //   skipped steps.
 // Requirements the CPU kernels do not check (they walk raw memory): every

@@ -41,8 +41,9 @@ std::shared_ptr<torch::nn::Module> as_module(M&& model) {
       try {
         return model.shared_from_this();  // amp keeps the model alive with the caller
       } catch (const std::bad_weak_ptr&) {
-        TORCH_CHECK(false, "amp: the model (a torch::nn::Module&) does not live in a std::shared_ptr, which amp "
-                           "needs to keep it; make it with std::make_shared<Net>() or a TORCH_MODULE holder");
+        TORCH_CHECK(false,
+                    "amp: the model (a torch::nn::Module&) does not live in a std::shared_ptr, which amp "
+                    "needs to keep it; make it with std::make_shared<Net>() or a TORCH_MODULE holder");
       }
     }
     return nullptr;
