@@ -31,44 +31,42 @@
 
 namespace amp {
 
-namespace hana = boost::hana;
-
 // Every valid policy, in the order tables and sweeps show them.
 inline constexpr auto all_policies =
-    hana::tuple_t<True<fp32>, True<tf32>, Mixed<bf16, NoScaler>, Mixed<fp16, DynamicScaler>, Mixed<fp16, StaticScaler>,
-                  True<bf16>, True<fp16>, True<fp64>>;
+    boost::hana::tuple_t<True<fp32>, True<tf32>, Mixed<bf16, NoScaler>, Mixed<fp16, DynamicScaler>,
+                         Mixed<fp16, StaticScaler>, True<bf16>, True<fp16>, True<fp64>>;
 
 namespace detail {
 template <class Device>
 struct supported_on {
   template <class T>
   constexpr auto operator()(T) const {
-    return hana::bool_c<is_supported_v<typename T::type, Device>>;
+    return boost::hana::bool_c<is_supported_v<typename T::type, Device>>;
   }
 };
 }  // namespace detail
 
 // The policies this LibTorch can run on Device.
 template <class Device>
-inline constexpr auto supported_policies = hana::filter(all_policies, detail::supported_on<Device>{});
+inline constexpr auto supported_policies = boost::hana::filter(all_policies, detail::supported_on<Device>{});
 
 // Calls f(hana::type_c<P>) for each policy P of the list, in order.
 template <class List, class F>
 constexpr void for_each_policy(List list, F&& f) {
-  hana::for_each(list, std::forward<F>(f));
+  boost::hana::for_each(list, std::forward<F>(f));
 }
 
 // Calls f(hana::type_c<P>) for every policy in all_policies.
 template <class F>
 constexpr void for_each_policy(F&& f) {
-  hana::for_each(all_policies, std::forward<F>(f));
+  boost::hana::for_each(all_policies, std::forward<F>(f));
 }
 
 // Template<P...> for a list of policy types, e.g. ::testing::Types<P...>:
 //   using CpuPolicies = amp::unpack_types_t<::testing::Types, decltype(amp::supported_policies<amp::CPU>)>;
 template <template <class...> class Template, class List>
 using unpack_types_t =
-    typename decltype(hana::unpack(std::declval<std::decay_t<List>>(), hana::template_<Template>))::type;
+    typename decltype(boost::hana::unpack(std::declval<std::decay_t<List>>(), boost::hana::template_<Template>))::type;
 
 // A policy's precision string (Lightning's vocabulary).
 template <class P>
@@ -90,7 +88,7 @@ namespace detail {
 template <class List>
 std::string join_names(List list) {
   std::string out;
-  hana::for_each(list, [&](auto t) {
+  boost::hana::for_each(list, [&](auto t) {
     if (!out.empty()) out += ", ";
     out += policy_traits<typename decltype(t)::type>::name;
   });
@@ -105,17 +103,17 @@ std::string join_names(List list) {
 template <class Device, class F>
 auto dispatch_precision(const std::string& name, F&& f) {
   static_assert(is_device_v<Device>, "amp: Device must be a device tag; use amp::CPU or amp::CUDA");
-  using Result = decltype(f(hana::front(supported_policies<Device>)));
+  using Result = decltype(f(boost::hana::front(supported_policies<Device>)));
   const std::string wanted = canonical_precision(name);
   bool known = false;
-  hana::for_each(all_policies,
-                 [&](auto t) { known = known || wanted == policy_traits<typename decltype(t)::type>::name; });
+  boost::hana::for_each(all_policies,
+                        [&](auto t) { known = known || wanted == policy_traits<typename decltype(t)::type>::name; });
   TORCH_CHECK(known, "amp: unknown precision \"", name, "\"; valid: ", detail::join_names(all_policies),
               " (legacy: 64, 32, 16, bf16)");
 
   if constexpr (std::is_void_v<Result>) {
     bool called = false;
-    hana::for_each(supported_policies<Device>, [&](auto t) {
+    boost::hana::for_each(supported_policies<Device>, [&](auto t) {
       if (!called && wanted == policy_traits<typename decltype(t)::type>::name) {
         called = true;
         f(t);
@@ -126,7 +124,7 @@ auto dispatch_precision(const std::string& name, F&& f) {
                 "; supported: ", detail::join_names(supported_policies<Device>));
   } else {
     std::optional<std::decay_t<Result>> result;
-    hana::for_each(supported_policies<Device>, [&](auto t) {
+    boost::hana::for_each(supported_policies<Device>, [&](auto t) {
       if (!result && wanted == policy_traits<typename decltype(t)::type>::name) result.emplace(f(t));
     });
     TORCH_CHECK(result.has_value(), "amp: precision \"", name, "\" is not supported on ", device_traits<Device>::name,
