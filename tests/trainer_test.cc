@@ -584,6 +584,20 @@ TEST(TrainerErrors, LbfgsWithoutScalingTrainsThroughTheClosure) {
   EXPECT_EQ(t.steps(), 8);
 }
 
+TEST(TrainerErrors, LbfgsWithAccumulationFailsBeforeTheModelChanges) {
+  auto lin = torch::nn::Linear(4, 4);
+  torch::optim::LBFGS opt(lin->parameters(), torch::optim::LBFGSOptions(0.1));
+  try {
+    amp::Trainer<amp::True<amp::fp64>, amp::CPU> t(lin, opt, amp::TrainerOptions().accumulation_steps(2));
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("amp: gradient accumulation does not apply to a closure-based "
+                                               "optimizer (LBFGS); set accumulation_steps(1)"));
+  }
+  EXPECT_EQ(lin->weight.scalar_type(), torch::kFloat);  // True<fp64> did not convert it
+  EXPECT_THROW(amp::Stepper<amp::NoScaler>(opt, amp::StepperOptions().accumulation_steps(3)), c10::Error);
+}
+
 TEST(TrainerErrors, BadOptionsAndBadLosses) {
   auto lin = torch::nn::Linear(4, 2);
   torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));

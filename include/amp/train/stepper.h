@@ -13,6 +13,7 @@
 
 #include <torch/arg.h>
 #include <ATen/ATen.h>
+#include <torch/optim/lbfgs.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -56,6 +57,18 @@ class GradientSync {
 };
 
 namespace detail {
+// An optimizer that re-evaluates the loss inside step(closure).
+inline bool closure_based(const torch::optim::Optimizer& opt) {
+  return dynamic_cast<const torch::optim::LBFGS*>(&opt) != nullptr;
+}
+
+// A closure-based optimizer steps once per closure: no accumulation.
+inline void check_accumulation(const torch::optim::Optimizer& opt, int64_t accumulation_steps) {
+  TORCH_CHECK(!closure_based(opt) || accumulation_steps == 1,
+              "amp: gradient accumulation does not apply to a closure-based optimizer (LBFGS); set "
+              "accumulation_steps(1)");
+}
+
 inline void validate(const StepperOptions& o) {
   TORCH_CHECK(o.max_grad_norm() >= 0.0, "amp: max_grad_norm must be >= 0 (0 turns clipping off), got ",
               o.max_grad_norm());
@@ -87,7 +100,9 @@ class Stepper {
   explicit Stepper(torch::optim::Optimizer& optimizer, StepperOptions options = {}, Scaler scaler = Scaler())
       : options_((detail::validate(options), std::move(options))),
         scaler_(std::move(scaler)),
-        part_(optimizer, options_.fused(), options_.max_grad_norm(), options_.norm_type()) {}
+        part_(optimizer, options_.fused(), options_.max_grad_norm(), options_.norm_type()) {
+    detail::check_accumulation(optimizer, options_.accumulation_steps());
+  }
 
   // One micro-batch: backward of the (scaled, accumulation-divided) loss; at
   // the accumulation boundary also unscale, clip, step or skip, update.
@@ -152,9 +167,6 @@ class Stepper {
     static_assert(!uses_loss_scaling_v<Scaler>,
                   "amp: a closure-based optimizer (LBFGS) cannot be used with a loss-scaling scaler; use "
                   "amp::NoScaler (policies amp::Mixed<amp::bf16, amp::NoScaler> or amp::True<...>)");
-    TORCH_CHECK(options_.accumulation_steps() == 1,
-                "amp: gradient accumulation does not apply to a closure-based optimizer (LBFGS); set "
-                "accumulation_steps(1)");
     at::Tensor last;
     torch::optim::Optimizer& optimizer = part_.optimizer();
     optimizer.step([&] {

@@ -318,9 +318,7 @@ class Trainer {
   // for the parameters' final dtype. Returns `opt`.
   torch::optim::Optimizer& setup(torch::optim::Optimizer& opt) {
     detail::check_optimizer<Policy>(opt);
-    TORCH_CHECK(!detail::closure_based(opt) || options_.stepper().accumulation_steps() == 1,
-                "amp: gradient accumulation does not apply to a closure-based optimizer (LBFGS); set "
-                "TrainerOptions().accumulation_steps(1)");
+    detail::check_accumulation(opt, options_.stepper().accumulation_steps());  // before the model changes
     detail::check_device<Policy, Device>("Trainer");
     detail::setup_model<Policy, Device>(*module_, "Trainer", "before constructing the Trainer");
     return opt;

@@ -14,7 +14,6 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
-#include <torch/optim/lbfgs.h>
 
 #include <memory>
 #include <type_traits>
@@ -24,6 +23,7 @@
 #include "amp/core/device.h"
 #include "amp/core/dtype.h"
 #include "amp/core/policy.h"
+#include "amp/train/stepper.h"
 
 namespace amp {
 namespace detail {
@@ -56,11 +56,6 @@ std::shared_ptr<torch::nn::Module> as_module(M&& model) {
     TORCH_CHECK(!model.is_empty(), "amp: the model is an empty ModuleHolder; construct it first");
     return model.ptr();
   }
-}
-
-// An optimizer that re-evaluates the loss inside step(closure).
-inline bool closure_based(const torch::optim::Optimizer& opt) {
-  return dynamic_cast<const torch::optim::LBFGS*>(&opt) != nullptr;
 }
 
 // The optimizer against the policy: no closure-based optimizer under loss
