@@ -30,8 +30,8 @@ int main() {
     auto r = trainer.step([&](auto& /*region*/) { return torch::mse_loss(model->forward(my_x), my_y); });
     (step == 0 ? first : last) = r.loss_value();
   }
-  dp.save(trainer, "data_parallel.pt");  // rank 0 writes; every rank waits until it is there
-  trainer.load("data_parallel.pt");      // and any rank (with any world size) can resume from it
+  amp::save_on_rank0(pg, trainer, "data_parallel.pt");  // rank 0 writes; every rank waits until it is there
+  trainer.load("data_parallel.pt");                     // and any rank (with any world size) can resume from it
   std::printf("rank %d of %d: loss %.4f -> %.4f, %lld all-reduces in %lld bucket(s)\n", dp.rank(), dp.world_size(),
               first, last, static_cast<long long>(dp.allreduces()), static_cast<long long>(dp.buckets()));
   return last < first ? 0 : 1;

@@ -401,7 +401,7 @@ void resume(const std::string& path, int64_t expect_steps) {
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
   amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
   amp::DataParallel dp(pg, trainer);
-  dp.load(trainer, path);
+  trainer.load(path);
   check(trainer.steps() == expect_steps,
         "loaded step " + std::to_string(trainer.steps()) + ", expected " + std::to_string(expect_steps));
   for (int64_t s = 0; s < 3; ++s) {
@@ -442,7 +442,7 @@ void fit_shards() {
   amp::DataParallel dp(pg, trainer);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
   for (int64_t i = 0; i < 11; ++i) batches.push_back(batch(i, 0, 1, 8));
-  amp::History h = dp.fit(trainer, batches, [&](auto&, const std::pair<torch::Tensor, torch::Tensor>& b) {
+  amp::History h = amp::fit_sharded(pg, trainer, batches, [&](auto&, const std::pair<torch::Tensor, torch::Tensor>& b) {
     return torch::mse_loss(net->forward(b.first), b.second);
   });
   const int64_t world = pg.world_size();

@@ -128,6 +128,42 @@ struct policy_name<True<fp16>> {
 };
 }  // namespace detail
 
+namespace detail {
+// A policy's parts, for any type (void where P is no such policy): the one
+// decomposition policy_traits, the static rules and Region read.
+template <class P>
+struct mixed_parts {
+  using compute = void;
+  using scaler = void;
+};
+template <class C, class S>
+struct mixed_parts<Mixed<C, S>> {
+  using compute = C;
+  using scaler = S;
+};
+template <class P>
+struct true_part {
+  using dtype = void;
+};
+template <class D>
+struct true_part<True<D>> {
+  using dtype = D;
+};
+
+template <class P>
+using mixed_compute_t = typename mixed_parts<P>::compute;
+template <class P>
+using mixed_scaler_t = typename mixed_parts<P>::scaler;
+template <class P>
+using true_dtype_t = typename true_part<P>::dtype;
+// The dtype a policy computes in: Mixed<C, S> -> C, True<D> -> D, else void.
+template <class P>
+using policy_compute_t = std::conditional_t<is_mixed_v<P>, mixed_compute_t<P>, true_dtype_t<P>>;
+// The dtype parameters are kept in: fp32 for Mixed, D for True<D>, else void.
+template <class P>
+using policy_param_t = std::conditional_t<is_mixed_v<P>, fp32, true_dtype_t<P>>;
+}  // namespace detail
+
 // policy_traits<P>: what a policy means. Defined for every Mixed/True type; use
 // is_valid_policy_v (rules.h) to know whether the combination is allowed.
 template <class P>
@@ -136,8 +172,8 @@ struct policy_traits;
 template <class Compute, class Scaler>
 struct policy_traits<Mixed<Compute, Scaler>> {
   using policy = Mixed<Compute, Scaler>;
-  using compute_type = Compute;  // the dtype autocast computes eligible ops in
-  using param_type = fp32;       // parameters and optimizer state stay fp32
+  using compute_type = detail::policy_compute_t<policy>;  // the dtype autocast computes eligible ops in
+  using param_type = detail::policy_param_t<policy>;      // parameters and optimizer state stay fp32
   using scaler_type = Scaler;
   static constexpr bool uses_autocast = true;
   static constexpr bool uses_loss_scaling = uses_loss_scaling_v<Scaler>;
@@ -147,8 +183,8 @@ struct policy_traits<Mixed<Compute, Scaler>> {
 template <class Dtype>
 struct policy_traits<True<Dtype>> {
   using policy = True<Dtype>;
-  using compute_type = Dtype;
-  using param_type = Dtype;
+  using compute_type = detail::policy_compute_t<policy>;
+  using param_type = detail::policy_param_t<policy>;
   using scaler_type = NoScaler;
   static constexpr bool uses_autocast = false;
   static constexpr bool uses_loss_scaling = false;

@@ -68,34 +68,6 @@ inline constexpr bool true_precision_supported_v<fp16, CUDA> = true;
 // ---------------------------------------------------------------------------
 // Validity: one trait per rule, then their conjunction.
 // ---------------------------------------------------------------------------
-namespace detail {
-template <class P>
-struct mixed_parts {
-  using compute = void;
-  using scaler = void;
-};
-template <class C, class S>
-struct mixed_parts<Mixed<C, S>> {
-  using compute = C;
-  using scaler = S;
-};
-template <class P>
-struct true_part {
-  using dtype = void;
-};
-template <class D>
-struct true_part<True<D>> {
-  using dtype = D;
-};
-
-template <class P>
-using mixed_compute_t = typename mixed_parts<P>::compute;
-template <class P>
-using mixed_scaler_t = typename mixed_parts<P>::scaler;
-template <class P>
-using true_dtype_t = typename true_part<P>::dtype;
-}  // namespace detail
-
 // Rule: Mixed needs a 16-bit compute dtype.
 template <class P>
 inline constexpr bool mixed_has_half_compute_v = !is_mixed_v<P> || is_half_precision_v<detail::mixed_compute_t<P>>;

@@ -186,62 +186,11 @@ class DataParallel : public GradientSync {
   void barrier() const { pg_.barrier(); }
   const ProcessGroup& process_group() const { return pg_; }
 
-  // Rank 0 writes trainer.save(path); every rank returns once it is written,
-  // or throws if rank 0 failed to write it. Call on every rank.
+  // Deprecated spellings (amp 0.1's README): amp::save_on_rank0 and amp::fit_sharded below.
   template <class T>
-  void save(const T& trainer, const std::string& path) const {
-    std::string error;
-    if (is_main()) {
-      try {
-        trainer.save(path);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    }
-    at::Tensor ok = at::full({1}, error.empty() ? 1 : 0, at::kInt);
-    pg_.broadcast(ok, 0, "checkpoint save of '" + path + "'");
-    TORCH_CHECK(ok.item<int>() == 1, "amp: rank 0 could not write checkpoint '", path, "'",
-                error.empty() ? std::string() : ": " + error);
-  }
-
-  // Trainer::fit across processes: rank r trains on batches r, r + W, r + 2W,
-  // ... of `batches` (W = world size; every rank passes the same range; the
-  // last size % W batches are dropped so that all ranks take the same number
-  // of steps, as DistributedSampler's drop_last). Only rank 0 draws progress.
-  // The History's losses are averaged over the ranks (one all-reduce at the
-  // end). For a LibTorch DataLoader, shard with
-  // torch::data::samplers::DistributedRandomSampler and call trainer.fit.
+  void save(const T& trainer, const std::string& path) const;
   template <class T, class Range, class F>
-  History fit(T& trainer, const Range& batches, F&& fn, FitOptions fo = FitOptions()) {
-    using Batch = std::decay_t<decltype(*std::begin(batches))>;
-    std::vector<Batch> all(std::begin(batches), std::end(batches));
-    const size_t world = static_cast<size_t>(world_size());
-    std::vector<Batch> mine;
-    for (size_t i = static_cast<size_t>(rank()); i < all.size() / world * world; i += world) mine.push_back(all[i]);
-    const bool progress = trainer.options().progress();
-    trainer.set_progress(progress && is_main());
-    History history;
-    try {
-      history = trainer.fit(mine, std::forward<F>(fn), std::move(fo));
-    } catch (...) {
-      trainer.set_progress(progress);
-      throw;
-    }
-    trainer.set_progress(progress);
-    at::Tensor losses = at::empty({static_cast<int64_t>(history.steps.size())}, at::kDouble);
-    for (size_t i = 0; i < history.steps.size(); ++i) losses[static_cast<int64_t>(i)] = history.steps[i].loss;
-    pg_.allreduce_sum(losses, "fit()'s loss average");
-    for (size_t i = 0; i < history.steps.size(); ++i)
-      history.steps[i].loss = losses[static_cast<int64_t>(i)].item<double>() / static_cast<double>(world);
-    return history;
-  }
-
-  // Every rank reads the same file (after a save() or from an earlier run,
-  // with any world size).
-  template <class T>
-  void load(T& trainer, const std::string& path) const {
-    trainer.load(path);
-  }
+  History fit(T& trainer, const Range& batches, F&& fn, FitOptions fo = FitOptions());
 
  private:
   static constexpr unsigned kNoHook = static_cast<unsigned>(-1);
@@ -384,5 +333,65 @@ class DataParallel : public GradientSync {
   bool active_ = false;
   std::atomic<int64_t> allreduces_{0};
 };
+
+// Rank 0 writes trainer.save(path) (atomically); every rank returns once it
+// is written, or throws if rank 0 failed to write it. Call on every rank; any
+// world size can trainer.load() the file.
+template <class T>
+void save_on_rank0(const ProcessGroup& pg, const T& trainer, const std::string& path) {
+  std::string error;
+  if (pg.rank() == 0) {
+    try {
+      trainer.save(path);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  at::Tensor ok = at::full({1}, error.empty() ? 1 : 0, at::kInt);
+  pg.broadcast(ok, 0, "checkpoint save of '" + path + "'");
+  TORCH_CHECK(ok.item<int>() == 1, "amp: rank 0 could not write checkpoint '", path, "'",
+              error.empty() ? std::string() : ": " + error);
+}
+
+// Trainer::fit across processes: rank r trains on batches r, r + W, r + 2W,
+// ... of `batches` (W = world size; every rank passes the same range; the
+// last size % W batches are dropped so that all ranks take the same number
+// of steps, as DistributedSampler's drop_last). Only rank 0 draws progress.
+// The History's losses are averaged over the ranks (one all-reduce at the
+// end). For a LibTorch DataLoader, shard with
+// torch::data::samplers::DistributedRandomSampler and call trainer.fit.
+template <class T, class Range, class F>
+History fit_sharded(const ProcessGroup& pg, T& trainer, const Range& batches, F&& fn, FitOptions fo = FitOptions()) {
+  using Batch = std::decay_t<decltype(*std::begin(batches))>;
+  std::vector<Batch> all(std::begin(batches), std::end(batches));
+  const size_t world = static_cast<size_t>(pg.world_size());
+  std::vector<Batch> mine;
+  for (size_t i = static_cast<size_t>(pg.rank()); i < all.size() / world * world; i += world) mine.push_back(all[i]);
+  const bool progress = trainer.options().progress();
+  trainer.set_progress(progress && pg.rank() == 0);
+  History history;
+  try {
+    history = trainer.fit(mine, std::forward<F>(fn), std::move(fo));
+  } catch (...) {
+    trainer.set_progress(progress);
+    throw;
+  }
+  trainer.set_progress(progress);
+  at::Tensor losses = at::empty({static_cast<int64_t>(history.steps.size())}, at::kDouble);
+  for (size_t i = 0; i < history.steps.size(); ++i) losses[static_cast<int64_t>(i)] = history.steps[i].loss;
+  pg.allreduce_sum(losses, "fit()'s loss average");
+  for (size_t i = 0; i < history.steps.size(); ++i)
+    history.steps[i].loss = losses[static_cast<int64_t>(i)].item<double>() / static_cast<double>(world);
+  return history;
+}
+
+template <class T>
+void DataParallel::save(const T& trainer, const std::string& path) const {
+  save_on_rank0(pg_, trainer, path);
+}
+template <class T, class Range, class F>
+History DataParallel::fit(T& trainer, const Range& batches, F&& fn, FitOptions fo) {
+  return fit_sharded(pg_, trainer, batches, std::forward<F>(fn), std::move(fo));
+}
 
 }  // namespace amp

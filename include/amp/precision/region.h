@@ -52,15 +52,6 @@
 
 namespace amp {
 
-namespace detail {
-// The dtype a policy computes in: Mixed<C, S> -> C, True<D> -> D, else void.
-template <class P>
-using policy_compute_t = std::conditional_t<is_mixed_v<P>, mixed_compute_t<P>, true_dtype_t<P>>;
-// The dtype parameters are kept in: fp32 for Mixed, D for True<D>, else void.
-template <class P>
-using policy_param_t = std::conditional_t<is_mixed_v<P>, fp32, true_dtype_t<P>>;
-}  // namespace detail
-
 // Rule: may code inside a Region<P, ...> call region.cast<D>(t)?
 template <class P, class D>
 inline constexpr bool region_cast_allowed_v = is_dtype_v<D> && (!is_mixed_v<P> || !is_half_precision_v<D>);
