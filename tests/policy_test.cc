@@ -42,6 +42,17 @@ std::map<std::string, Row> expected_table() {
   t["True<fp32>"] = {true, true, true};
   t["True<fp64>"] = {true, true, true};
   t["True<tf32>"] = {true, false, true};
+  // Float8: _scaled_mm on CUDA from 2.5, on CPU from 2.8; never with a scaler.
+  const bool f8_cuda = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5);
+  const bool f8_cpu = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8);
+  t["Float8<Tensorwise, NoScaler>"] = {true, f8_cpu, f8_cuda};
+  t["Float8<Delayed<>, NoScaler>"] = {true, f8_cpu, f8_cuda};
+  t["Float8<Delayed<16, 2>, NoScaler>"] = {true, f8_cpu, f8_cuda};
+  t["Float8<Delayed<0, 0>, NoScaler>"] = {false, false, false};
+  t["Float8<Delayed<16, 64>, NoScaler>"] = {false, false, false};
+  t["Float8<fp32, NoScaler>"] = {false, false, false};
+  t["Float8<Tensorwise, DynamicScaler>"] = {false, false, false};
+  t["Float8<Tensorwise, StaticScaler>"] = {false, false, false};
   return t;
 }
 
@@ -60,8 +71,20 @@ TEST(PolicyTable, EveryCombinationMatchesTheRules) {
     actual["True<" + dn + ">"] = {amp::is_valid_policy_v<T>, amp::is_supported_v<T, amp::CPU>,
                                   amp::is_supported_v<T, amp::CUDA>};
   });
+  auto float8_row = [&](const std::string& name, auto policy) {
+    using P = typename decltype(policy)::type;
+    actual[name] = {amp::is_valid_policy_v<P>, amp::is_supported_v<P, amp::CPU>, amp::is_supported_v<P, amp::CUDA>};
+  };
+  float8_row("Float8<Tensorwise, NoScaler>", hana::type_c<amp::Float8<amp::Tensorwise>>);
+  float8_row("Float8<Delayed<>, NoScaler>", hana::type_c<amp::Float8<amp::Delayed<>>>);
+  float8_row("Float8<Delayed<16, 2>, NoScaler>", hana::type_c<amp::Float8<amp::Delayed<16, 2>>>);
+  float8_row("Float8<Delayed<0, 0>, NoScaler>", hana::type_c<amp::Float8<amp::Delayed<0, 0>>>);
+  float8_row("Float8<Delayed<16, 64>, NoScaler>", hana::type_c<amp::Float8<amp::Delayed<16, 64>>>);
+  float8_row("Float8<fp32, NoScaler>", hana::type_c<amp::Float8<amp::fp32>>);
+  float8_row("Float8<Tensorwise, DynamicScaler>", hana::type_c<amp::Float8<amp::Tensorwise, amp::DynamicScaler>>);
+  float8_row("Float8<Tensorwise, StaticScaler>", hana::type_c<amp::Float8<amp::Tensorwise, amp::StaticScaler>>);
   const auto expected = expected_table();
-  ASSERT_EQ(actual.size(), 20u);
+  ASSERT_EQ(actual.size(), 28u);
   ASSERT_EQ(expected.size(), actual.size());
   for (const auto& [name, row] : expected) {
     SCOPED_TRACE(name);
@@ -131,6 +154,16 @@ TEST(PolicyTraits, WhatEachPolicyMeans) {
   EXPECT_STREQ(amp::policy_traits<amp::True<amp::fp16>>::name, "16-true");
   EXPECT_STREQ(amp::policy_traits<amp::True<amp::tf32>>::name, "tf32-true");
   EXPECT_STREQ((amp::policy_traits<amp::Mixed<amp::fp16, amp::StaticScaler>>::name), "16-mixed-static");
+  using F8 = amp::policy_traits<amp::Float8<amp::Tensorwise>>;
+  using F8D = amp::policy_traits<amp::Float8<amp::Delayed<16, 1>>>;
+  EXPECT_STREQ(F8::name, "fp8-tensorwise");
+  EXPECT_STREQ(F8D::name, "fp8-delayed");
+  static_assert(std::is_same_v<F8::compute_type, amp::bf16> && std::is_same_v<F8::param_type, amp::fp32>);
+  static_assert(F8::uses_autocast && !F8::uses_loss_scaling);
+  static_assert(std::is_same_v<F8D::recipe_type, amp::Delayed<16, 1>>);
+  static_assert(amp::Delayed<>::history_length == 1024 && amp::Delayed<>::margin == 0);
+  static_assert(amp::is_float8_v<amp::Float8<amp::Tensorwise>> &&
+                !amp::is_float8_v<amp::Mixed<amp::bf16, amp::NoScaler>>);
 }
 
 TEST(PolicyLists, AllPoliciesAreValidDistinctAndNamed) {
@@ -142,7 +175,7 @@ TEST(PolicyLists, AllPoliciesAreValidDistinctAndNamed) {
     names.insert(amp::precision_name<P>());
     ++n;
   });
-  EXPECT_EQ(n, 8u);
+  EXPECT_EQ(n, 10u);
   EXPECT_EQ(names.size(), n);
 }
 
@@ -155,9 +188,10 @@ TEST(PolicyLists, SupportedListsAreTheFilteredTable) {
   };
   std::vector<std::string> cpu = collect(amp::supported_policies<amp::CPU>);
   std::vector<std::string> cuda = collect(amp::supported_policies<amp::CUDA>);
-  EXPECT_EQ(cuda.size(), 8u);
+  EXPECT_EQ(cuda.size(), amp::detail::compat::kHasFloat8Matmul ? 10u : 8u);
   std::size_t expected_cpu = 0;
-  for (const auto& [name, row] : expected) expected_cpu += row.cpu;
+  for (const auto& [name, row] : expected)  // all_policies has Float8<Delayed<>>, not Delayed<16, 2>
+    expected_cpu += row.cpu && name != "Float8<Delayed<16, 2>, NoScaler>";
   // 16-mixed-static shares Mixed<fp16, StaticScaler>'s row.
   EXPECT_EQ(cpu.size(), expected_cpu);
   EXPECT_NE(std::find(cpu.begin(), cpu.end(), "bf16-mixed"), cpu.end());
@@ -165,6 +199,7 @@ TEST(PolicyLists, SupportedListsAreTheFilteredTable) {
   EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "tf32-true"), cpu.end());
   const bool cpu16 = amp::libtorch_at_least(2, 3);
   EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "16-mixed") != cpu.end(), cpu16);
+  EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "fp8-delayed") != cpu.end(), amp::libtorch_at_least(2, 8));
 }
 
 // Typed tests over the compile-time list, named by precision string.

@@ -27,6 +27,11 @@
 #include "amp/precision/region.h"
 #include "amp/precision/strict_casts.h"
 #include "amp/precision/tf32.h"
+// float8: the recipes, the float8 linear, the Float8 policy
+#include "amp/float8/delayed.h"
+#include "amp/float8/linear.h"
+#include "amp/float8/policy.h"
+#include "amp/float8/recipe.h"
 // train: Stepper, Trainer, Precision, checkpoints, history
 #include "amp/train/checkpoint.h"
 #include "amp/train/history.h"

@@ -395,6 +395,9 @@ template <class TrainerT>
 struct StepCapturer<TrainerT, void> {
   template <class F, class Batch>
   static CapturedStep<TrainerT, std::decay_t<F>, Batch> make(TrainerT& trainer, F&& fn, const Batch& example) {
+    TORCH_CHECK(!is_float8_v<typename TrainerT::policy>,
+                "amp: capture() does not take a Float8 trainer yet (its "
+                "recipe's state is not recorded in the graph); call trainer.step() per batch");
     return CapturedStep<TrainerT, std::decay_t<F>, Batch>(trainer, std::forward<F>(fn), example);
   }
 };

@@ -34,7 +34,8 @@ namespace amp {
 // Every valid policy, in the order tables and sweeps show them.
 inline constexpr auto all_policies =
     boost::hana::tuple_t<True<fp32>, True<tf32>, Mixed<bf16, NoScaler>, Mixed<fp16, DynamicScaler>,
-                         Mixed<fp16, StaticScaler>, True<bf16>, True<fp16>, True<fp64>>;
+                         Mixed<fp16, StaticScaler>, True<bf16>, True<fp16>, True<fp64>, Float8<Tensorwise>,
+                         Float8<Delayed<>>>;
 
 namespace detail {
 template <class Device>

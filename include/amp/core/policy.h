@@ -8,6 +8,8 @@
 // Compute through LibTorch's autocast, the loss scaled by Scaler.
 // True<Dtype>: the whole model in one dtype (Lightning's "-true" precisions),
 // no autocast; True<tf32> is fp32 storage with TF32 matmul/conv math on CUDA.
+// Float8<Recipe>: a region's linear layers in float8 (amp/float8/policy.h),
+// everything else as Mixed<bf16, NoScaler>; Recipe is Tensorwise or Delayed<...>.
 // Which combinations are valid is decided in rules.h.
 #pragma once
 
@@ -32,6 +34,28 @@ struct True {
   using scaler_type = NoScaler;
 };
 
+// Float8 recipes: where each float8 cast's scale comes from.
+// Tensorwise: the tensor's own amax, at the cast (current scaling; torchao's
+// default, Transformer Engine's Float8CurrentScaling).
+struct Tensorwise {};
+// Delayed<HistoryLength, Margin>: the largest amax of the last HistoryLength
+// steps, divided by 2^Margin (Transformer Engine's DelayedScaling; its defaults).
+template <int HistoryLength = 1024, int Margin = 0>
+struct Delayed {
+  static constexpr int history_length = HistoryLength;
+  static constexpr int margin = Margin;
+};
+
+// The linears of a region in float8 (e4m3 forward, e5m2 output gradients),
+// the rest in bf16 autocast, fp32 parameters. Scaler is there so that the
+// rules can reject one: bf16's range needs no loss scaling.
+template <class Recipe, class Scaler = NoScaler>
+struct Float8 {
+  using compute_type = bf16;
+  using scaler_type = Scaler;
+  using recipe_type = Recipe;
+};
+
 // True for any Mixed<...> or True<...> instantiation, valid or not.
 template <class P>
 struct is_policy : std::false_type {};
@@ -39,6 +63,8 @@ template <class C, class S>
 struct is_policy<Mixed<C, S>> : std::true_type {};
 template <class D>
 struct is_policy<True<D>> : std::true_type {};
+template <class R, class S>
+struct is_policy<Float8<R, S>> : std::true_type {};
 template <class P>
 inline constexpr bool is_policy_v = is_policy<P>::value;
 
@@ -51,6 +77,21 @@ template <class P>
 inline constexpr bool is_true_v = false;
 template <class D>
 inline constexpr bool is_true_v<True<D>> = true;
+
+template <class P>
+inline constexpr bool is_float8_v = false;
+template <class R, class S>
+inline constexpr bool is_float8_v<Float8<R, S>> = true;
+
+// A float8 recipe: Tensorwise, or Delayed<H, M> with H >= 1 and 0 <= M < 64.
+template <class R>
+inline constexpr bool is_float8_recipe_v = std::is_same_v<R, Tensorwise>;
+template <int H, int M>
+inline constexpr bool is_float8_recipe_v<Delayed<H, M>> = H >= 1 && M >= 0 && M < 64;
+
+// Whether a policy's region autocasts (Mixed and Float8; True does not).
+template <class P>
+inline constexpr bool uses_autocast_v = is_mixed_v<P> || is_float8_v<P>;
 
 namespace detail {
 constexpr std::size_t length_of(const char* s) {
@@ -126,6 +167,16 @@ template <>
 struct policy_name<True<fp16>> {
   static constexpr const char* value = "16-true";
 };
+// amp's names (Lightning's "transformer-engine" names a library, not a recipe).
+// Every Delayed<H, M> is "fp8-delayed": H and M shape the checkpointed state.
+template <class S>
+struct policy_name<Float8<Tensorwise, S>> {
+  static constexpr const char* value = "fp8-tensorwise";
+};
+template <int H, int M, class S>
+struct policy_name<Float8<Delayed<H, M>, S>> {
+  static constexpr const char* value = "fp8-delayed";
+};
 }  // namespace detail
 
 namespace detail {
@@ -149,6 +200,16 @@ template <class D>
 struct true_part<True<D>> {
   using dtype = D;
 };
+template <class P>
+struct float8_parts {
+  using recipe = void;
+  using scaler = void;
+};
+template <class R, class S>
+struct float8_parts<Float8<R, S>> {
+  using recipe = R;
+  using scaler = S;
+};
 
 template <class P>
 using mixed_compute_t = typename mixed_parts<P>::compute;
@@ -156,12 +217,18 @@ template <class P>
 using mixed_scaler_t = typename mixed_parts<P>::scaler;
 template <class P>
 using true_dtype_t = typename true_part<P>::dtype;
-// The dtype a policy computes in: Mixed<C, S> -> C, True<D> -> D, else void.
 template <class P>
-using policy_compute_t = std::conditional_t<is_mixed_v<P>, mixed_compute_t<P>, true_dtype_t<P>>;
-// The dtype parameters are kept in: fp32 for Mixed, D for True<D>, else void.
+using float8_recipe_t = typename float8_parts<P>::recipe;
 template <class P>
-using policy_param_t = std::conditional_t<is_mixed_v<P>, fp32, true_dtype_t<P>>;
+using float8_scaler_t = typename float8_parts<P>::scaler;
+// The dtype a policy computes in: Mixed<C, S> -> C, True<D> -> D, Float8 ->
+// bf16 (what is not a float8 linear), else void.
+template <class P>
+using policy_compute_t =
+    std::conditional_t<is_mixed_v<P>, mixed_compute_t<P>, std::conditional_t<is_float8_v<P>, bf16, true_dtype_t<P>>>;
+// The dtype parameters are kept in: fp32 for Mixed and Float8, D for True<D>, else void.
+template <class P>
+using policy_param_t = std::conditional_t<uses_autocast_v<P>, fp32, true_dtype_t<P>>;
 }  // namespace detail
 
 // policy_traits<P>: what a policy means. Defined for every Mixed/True type; use
@@ -188,6 +255,18 @@ struct policy_traits<True<Dtype>> {
   using scaler_type = NoScaler;
   static constexpr bool uses_autocast = false;
   static constexpr bool uses_loss_scaling = false;
+  static constexpr const char* name = detail::policy_name<policy>::value;
+};
+
+template <class Recipe, class Scaler>
+struct policy_traits<Float8<Recipe, Scaler>> {
+  using policy = Float8<Recipe, Scaler>;
+  using compute_type = detail::policy_compute_t<policy>;  // bf16 for all but the float8 linears
+  using param_type = detail::policy_param_t<policy>;      // fp32
+  using scaler_type = Scaler;
+  using recipe_type = Recipe;
+  static constexpr bool uses_autocast = true;
+  static constexpr bool uses_loss_scaling = uses_loss_scaling_v<Scaler>;
   static constexpr const char* name = detail::policy_name<policy>::value;
 };
 

@@ -18,6 +18,7 @@
 #include "amp/core/policy.h"
 #include "amp/core/scaler_concept.h"
 #include "amp/detail/compat.h"
+#include "amp/detail/compat_float8.h"
 
 namespace amp {
 
@@ -29,6 +30,8 @@ namespace amp {
 //  * TF32 is a tensor-core math mode: CUDA only.
 //  * CUDA: every valid policy compiles; bf16 needs an Ampere or newer GPU,
 //    which the Trainer checks at run time.
+//  * Float8: at::_scaled_mm, CUDA from 2.5 (compute capability 8.9+, checked
+//    at run time), CPU from 2.8 (emulated: for correctness, not speed).
 // ---------------------------------------------------------------------------
 
 // Can autocast compute in Dtype on Device with this LibTorch?
@@ -65,6 +68,15 @@ inline constexpr bool true_precision_supported_v<bf16, CUDA> = true;
 template <>
 inline constexpr bool true_precision_supported_v<fp16, CUDA> = true;
 
+// Can Device run float8 linears (at::_scaled_mm) with this LibTorch? CUDA
+// also needs compute capability 8.9+, which the Trainer checks at run time.
+template <class Device>
+inline constexpr bool float8_supported_v = false;
+template <>
+inline constexpr bool float8_supported_v<CPU> = detail::compat::kCpuHasScaledMm;
+template <>
+inline constexpr bool float8_supported_v<CUDA> = detail::compat::kHasFloat8Matmul;
+
 // ---------------------------------------------------------------------------
 // Validity: one trait per rule, then their conjunction.
 // ---------------------------------------------------------------------------
@@ -92,10 +104,17 @@ inline constexpr bool bf16_is_unscaled_v = !is_mixed_v<P> || !std::is_same_v<det
 // Rule: True<D> needs a dtype tag.
 template <class P>
 inline constexpr bool true_has_dtype_v = !is_true_v<P> || is_dtype_v<detail::true_dtype_t<P>>;
+// Rule: Float8<R> needs a float8 recipe (Tensorwise, Delayed<H >= 1, 0 <= M < 64>).
+template <class P>
+inline constexpr bool float8_has_recipe_v = !is_float8_v<P> || is_float8_recipe_v<detail::float8_recipe_t<P>>;
+// Rule: Float8 takes no Scaler: what is not float8 computes in bf16.
+template <class P>
+inline constexpr bool float8_is_unscaled_v = !is_float8_v<P> || std::is_same_v<detail::float8_scaler_t<P>, NoScaler>;
 
 template <class P>
-inline constexpr bool is_valid_policy_v = is_policy_v<P>&& mixed_has_half_compute_v<P>&& mixed_has_scaler_v<P>&&
-    fp16_is_scaled_v<P>&& bf16_is_unscaled_v<P>&& true_has_dtype_v<P>&& mixed_scaler_named_v<P>;
+inline constexpr bool is_valid_policy_v =
+    is_policy_v<P>&& mixed_has_half_compute_v<P>&& mixed_has_scaler_v<P>&& fp16_is_scaled_v<P>&& bf16_is_unscaled_v<P>&&
+        true_has_dtype_v<P>&& mixed_scaler_named_v<P>&& float8_has_recipe_v<P>&& float8_is_unscaled_v<P>;
 
 namespace detail {
 template <class P, class Device, bool Valid = is_valid_policy_v<P>&& is_device_v<Device>>
@@ -104,6 +123,8 @@ template <class C, class S, class Device>
 struct supported_impl<Mixed<C, S>, Device, true> : std::bool_constant<autocast_supported_v<C, Device>> {};
 template <class D, class Device>
 struct supported_impl<True<D>, Device, true> : std::bool_constant<true_precision_supported_v<D, Device>> {};
+template <class R, class S, class Device>
+struct supported_impl<Float8<R, S>, Device, true> : std::bool_constant<float8_supported_v<Device>> {};
 }  // namespace detail
 
 // A valid policy that this LibTorch can run on Device.
@@ -124,8 +145,20 @@ constexpr bool check_policy() {
   if constexpr (!is_policy_v<P>) {
     static_assert(
         is_policy_v<P>,
-        "amp: expected a precision policy (amp::Mixed<Compute, Scaler> or amp::True<Dtype>) but got another "
-        "type; use e.g. amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>> or amp::Trainer<amp::True<amp::fp32>>");
+        "amp: expected a precision policy (amp::Mixed<Compute, Scaler>, amp::True<Dtype> or amp::Float8<Recipe>) "
+        "but got another type; use e.g. amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>> or "
+        "amp::Trainer<amp::True<amp::fp32>>");
+    return false;
+  } else if constexpr (!float8_has_recipe_v<P>) {
+    static_assert(float8_has_recipe_v<P>,
+                  "amp: Float8<Recipe> needs a float8 recipe; use amp::Float8<amp::Tensorwise> (current scaling) or "
+                  "amp::Float8<amp::Delayed<History, Margin>> with History >= 1 and 0 <= Margin < 64 (e.g. "
+                  "amp::Delayed<>, Transformer Engine's 1024 and 0)");
+    return false;
+  } else if constexpr (!float8_is_unscaled_v<P>) {
+    static_assert(float8_is_unscaled_v<P>,
+                  "amp: Float8<Recipe, Scaler> takes no loss scaler: the float8 casts carry their own scales and the "
+                  "rest computes in bf16, which has fp32's exponent range; use amp::Float8<Recipe>");
     return false;
   } else if constexpr (!true_has_dtype_v<P>) {
     static_assert(
@@ -175,6 +208,16 @@ constexpr bool check_supported() {
   } else if constexpr (std::is_same_v<P, True<tf32>> && std::is_same_v<Device, CPU>) {
     static_assert(dependent_false_v<P>,
                   "amp: True<tf32> is a tensor-core math mode that CPUs do not have; on CPU use amp::True<amp::fp32>");
+    return false;
+  } else if constexpr (is_float8_v<P> && !float8_supported_v<Device> && std::is_same_v<Device, CPU>) {
+    static_assert(dependent_false_v<P>,
+                  "amp: Float8 on CPU needs LibTorch 2.8 or newer (the CPU at::_scaled_mm); on this LibTorch use "
+                  "amp::Mixed<amp::bf16, amp::NoScaler> on amp::CPU");
+    return false;
+  } else if constexpr (is_float8_v<P> && !float8_supported_v<Device>) {
+    static_assert(dependent_false_v<P>,
+                  "amp: Float8 needs LibTorch 2.5 or newer (at::_scaled_mm with out_dtype); on this LibTorch use "
+                  "amp::Mixed<amp::bf16, amp::NoScaler>");
     return false;
   } else if constexpr (!is_supported_v<P, Device> && std::is_same_v<Device, CPU>) {
     static_assert(dependent_false_v<P>,

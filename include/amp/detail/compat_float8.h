@@ -15,15 +15,20 @@
 #else
 #define AMP_DETAIL_HAS_FLOAT8_MATMUL 0
 #endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+#define AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL 1
+#else
+#define AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL 0
+#endif
 
 namespace amp {
 namespace detail {
 namespace compat {
 
 inline constexpr bool kHasFloat8Matmul = AMP_DETAIL_HAS_FLOAT8_MATMUL;
-inline constexpr bool kCpuHasScaledMm = libtorch_at_least(2, 8);
-static_assert(kHasFloat8Matmul == libtorch_at_least(2, 5),
-              "amp: compat_float8.h's float8 switch disagrees with version.h");
+inline constexpr bool kCpuHasScaledMm = AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL;
+static_assert(kHasFloat8Matmul == libtorch_at_least(2, 5) && kCpuHasScaledMm == libtorch_at_least(2, 8),
+              "amp: compat_float8.h's float8 switches disagree with version.h");
 
 }  // namespace compat
 }  // namespace detail

@@ -71,16 +71,16 @@ class DelayedScaling {
   DelayedScaling& operator=(const DelayedScaling&) = delete;
 
   // A state for every torch::nn::Linear in `model` whose weight fits
-  // (float8::fits), named by the module's path ("0", "encoder.fc1", ...);
-  // returns how many. A weight or name tracked already is an amp: error that
-  // adds nothing.
-  int64_t track(torch::nn::Module& model) {
+  // (float8::fits), named by `prefix` and the module's path ("0",
+  // "encoder.fc1", ...; "linear" for a model that is one); returns how many.
+  // A weight or name tracked already is an amp: error that adds nothing.
+  int64_t track(torch::nn::Module& model, const std::string& prefix = "") {
     std::vector<std::pair<std::string, at::Tensor>> found;
     std::map<std::string, int> names;
     for (const auto& item : model.named_modules()) {
       auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
       if (linear == nullptr || !fits(linear->weight)) continue;
-      found.emplace_back(item.key().empty() ? std::string("linear") : item.key(), linear->weight);
+      found.emplace_back(prefix + (item.key().empty() ? std::string("linear") : item.key()), linear->weight);
       check_new(found.back().first, found.back().second);
       TORCH_CHECK(names[found.back().first]++ == 0, "amp: two linears named ", found.back().first);
     }
@@ -178,7 +178,11 @@ inline at::Tensor delayed_linear(const at::Tensor& input, const at::Tensor& weig
                                  const c10::optional<at::Tensor>& bias) {
   if (!fits(weight)) return at::linear(input, weight, bias);
   const DelayedScaling* scaling = current_delayed_scaling();
-  const DelayedSlots* slots = scaling ? scaling->slots_of(weight) : nullptr;
+  TORCH_CHECK(scaling != nullptr,
+              "amp: a float8 linear with delayed scaling ran, but no DelayedScaling is bound on this thread; "
+              "amp::Trainer and amp::Precision bind theirs, and with a Region of your own bind one with "
+              "amp::float8::DelayedLinearGuard guard(scaling)");
+  const DelayedSlots* slots = scaling->slots_of(weight);
   TORCH_CHECK(slots != nullptr, "amp: a linear's weight ", weight.sizes(),
               " fits float8 but this DelayedScaling does not track it; call track(model) for the module that owns it");
   return float8_linear(input, weight, bias, slots);

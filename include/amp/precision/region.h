@@ -23,6 +23,8 @@
 //  * region.autocast<D>(f) inside a Mixed<C, S> region is a no-op for D == C and
 //    rejected otherwise; inside a True<D> region it is always rejected (True
 //    regions do not autocast: use a Mixed policy).
+//  * A Float8<Recipe> region is a Mixed<bf16, NoScaler> region whose routed
+//    linears run in float8 (amp/float8/policy.h, which it needs included).
 //  * region.full_precision(f, args...) is the sanctioned fp32 island.
 //  * At run time (amp/precision/strict_casts.h), a Mixed region also catches raw
 //    x.to(torch::kHalf) / x.to(torch::kBFloat16) casts, which no type can see:
@@ -54,18 +56,18 @@ namespace amp {
 
 // Rule: may code inside a Region<P, ...> call region.cast<D>(t)?
 template <class P, class D>
-inline constexpr bool region_cast_allowed_v = is_dtype_v<D> && (!is_mixed_v<P> || !is_half_precision_v<D>);
+inline constexpr bool region_cast_allowed_v = is_dtype_v<D> && (!uses_autocast_v<P> || !is_half_precision_v<D>);
 
 // Rule: may code inside a Region<P, ...> call region.autocast<D>(f)? Only a
-// Mixed region to its own compute dtype, where it is a no-op.
+// Mixed (or Float8) region to its own compute dtype, where it is a no-op.
 template <class P, class D>
-inline constexpr bool region_autocast_allowed_v = is_mixed_v<P>&& std::is_same_v<D, detail::mixed_compute_t<P>>;
+inline constexpr bool region_autocast_allowed_v = uses_autocast_v<P>&& std::is_same_v<D, detail::policy_compute_t<P>>;
 
 namespace detail {
 
 template <class P, class D>
 constexpr bool check_region_cast() {
-  using C = mixed_compute_t<P>;
+  using C = policy_compute_t<P>;
   if constexpr (!is_dtype_v<D>) {
     static_assert(is_dtype_v<D>, "amp: Region::cast<D> needs a dtype tag; use e.g. region.cast<amp::fp32>(t)");
     return false;
@@ -81,14 +83,15 @@ constexpr bool check_region_cast() {
   } else if constexpr (std::is_same_v<C, bf16> && std::is_same_v<D, bf16>) {
     static_assert(
         region_cast_allowed_v<P, D>,
-        "amp: manual bf16 casts inside a Mixed<bf16, ...> region are rejected: autocast already runs eligible "
-        "ops in bf16 and keeps sensitive ones in fp32; let autocast choose the dtype, or use "
-        "region.full_precision(f, x) for an fp32 island");
+        "amp: manual bf16 casts inside a Mixed<bf16, ...> or Float8 region are rejected: autocast already runs "
+        "eligible ops in bf16 (a Float8 region's linears in float8) and keeps sensitive ones in fp32; let autocast "
+        "choose the dtype, or use region.full_precision(f, x) for an fp32 island");
     return false;
   } else if constexpr (std::is_same_v<C, bf16>) {
     static_assert(region_cast_allowed_v<P, D>,
-                  "amp: manual fp16 casts inside a Mixed<bf16, ...> region are rejected: fp16 and bf16 in one forward "
-                  "make autocast's promote ops throw; use region.cast<amp::fp32>(t), or let autocast choose the dtype");
+                  "amp: manual fp16 casts inside a Mixed<bf16, ...> or Float8 region are rejected: fp16 and bf16 in "
+                  "one forward make autocast's promote ops throw; use region.cast<amp::fp32>(t), or let autocast "
+                  "choose the dtype");
     return false;
   } else {
     static_assert(region_cast_allowed_v<P, D>,
@@ -100,13 +103,13 @@ constexpr bool check_region_cast() {
 
 template <class P, class D>
 constexpr bool check_region_autocast() {
-  using C = mixed_compute_t<P>;
+  using C = policy_compute_t<P>;
   if constexpr (!is_dtype_v<D>) {
     static_assert(is_dtype_v<D>, "amp: Region::autocast<D> needs a dtype tag; use e.g. region.autocast<amp::bf16>(f)");
     return false;
   } else if constexpr (region_autocast_allowed_v<P, D>) {
     return true;
-  } else if constexpr (!is_mixed_v<P>) {
+  } else if constexpr (!uses_autocast_v<P>) {
     static_assert(
         region_autocast_allowed_v<P, D>,
         "amp: True<> regions do not autocast: the whole model runs in the policy's dtype; use a Mixed policy, "
@@ -159,6 +162,16 @@ decltype(auto) full_precision_arg(T&& x, c10::DeviceType device) {
 
 }  // namespace detail
 
+namespace detail {
+// What a Float8 region installs for its recipe, specialized in
+// amp/float8/policy.h (the float8 layer sits above this one).
+template <class Recipe>
+struct Float8RegionGuard {
+  static_assert(dependent_false_v<Recipe>,
+                "amp: a Float8 region needs the float8 code: #include <amp/float8/policy.h> (or <amp/amp.h>)");
+};
+}  // namespace detail
+
 template <class Policy, class Device>
 class Region {
   static_assert(detail::check_supported<Policy, Device>());
@@ -173,17 +186,18 @@ class Region {
   static constexpr c10::ScalarType compute_dtype = detail::scalar_type_or_undefined<compute_type>();
   static constexpr c10::ScalarType param_dtype = detail::scalar_type_or_undefined<param_type>();
   static constexpr c10::DeviceType device_type = detail::device_type_or_cpu<Device>();
-  static constexpr bool uses_autocast = is_mixed_v<Policy>;
+  static constexpr bool uses_autocast = uses_autocast_v<Policy>;
 
   // strict_casts: what a raw manual cast to fp16/bf16 inside a Mixed region
   // does (amp/precision/strict_casts.h); ignored by True<> regions, which do not autocast.
   // linear_routing: whether LibTorch's C++ linear layers cast each weight once
   // per region, as Python's nn.Linear does (amp/precision/linear_routing.h); ignored by
-  // True<> regions.
+  // True<> regions. A Float8 region runs its linears in float8 through it, so
+  // it must stay on (amp/float8/policy.h).
   explicit Region(StrictCasts strict_casts = kDefaultStrictCasts, LinearRouting linear_routing = LinearRouting::kOn)
       : strict_mode_(strict_casts),
         strict_(strict_casts, device_type, compute_dtype),
-        routing_mode_(linear_routing),
+        routing_mode_(checked_routing(linear_routing)),
         routing_(linear_routing, device_type) {}
   explicit Region(LinearRouting linear_routing) : Region(kDefaultStrictCasts, linear_routing) {}
   // User-provided on purpose: `amp::Region<amp::True<amp::fp64>, amp::CPU> region;`
@@ -247,6 +261,17 @@ class Region {
   using tf32_type =
       std::conditional_t<std::is_same_v<Policy, True<tf32>> && std::is_same_v<Device, CUDA>, AllowTF32, Inert>;
 
+  // A Float8 policy's recipe guard (detail::Float8RegionGuard, amp/float8/policy.h).
+  using float8_type = std::conditional_t<is_float8_v<Policy> && is_supported_v<Policy, Device>,
+                                         detail::Float8RegionGuard<detail::float8_recipe_t<Policy>>, Inert>;
+
+  static LinearRouting checked_routing(LinearRouting mode) {
+    TORCH_CHECK(!is_float8_v<Policy> || mode == LinearRouting::kOn, "amp: a ", policy_traits<Policy>::name,
+                " region runs its linears in float8 through linear routing; LinearRouting::kOff is not available "
+                "for Float8 policies (leave TrainerOptions::linear_routing on)");
+    return mode;
+  }
+
   [[maybe_unused]] guard_type guard_;
   [[maybe_unused]] tf32_type tf32_;
   StrictCasts strict_mode_;
@@ -254,6 +279,8 @@ class Region {
   [[maybe_unused]] strict_type strict_;
   LinearRouting routing_mode_;
   [[maybe_unused]] routing_type routing_;
+  // After routing_: the linears it routes go to float8 while both live.
+  [[maybe_unused]] float8_type float8_;
 };
 
 }  // namespace amp

@@ -1,13 +1,15 @@
 // amp/train/checkpoint.h: the training checkpoint archive and its atomic write.
 //
-//   amp::detail::write_checkpoint(path, header, module, optimizer, scaler);   // atomic
+//   auto out = amp::detail::checkpoint_archive("bf16-mixed", counters, module, optimizer, scaler);
+//   amp::detail::atomic_write(path, [&](const std::string& tmp) { out.save_to(tmp); });
 //   auto archive = amp::detail::open_checkpoint(path, device, "bf16-mixed"); // checks format and precision
 //   amp::CheckpointCounters c = amp::detail::apply_checkpoint(archive, module, optimizer, scaler);
 //
 // Layout (a torch::serialize archive): "amp/format" (int), "amp/precision"
 // (the policy's name), "amp/step", "amp/epoch", "amp/batch_in_epoch" (ints),
 // and the sub-archives "model", "optimizer" (LibTorch's own formats) and
-// "scaler" (the scaler's state_dict entries, torch's keys). Trainer::save and
+// "scaler" (the scaler's state_dict entries, torch's keys); a Float8<Delayed>
+// policy adds "float8" (amp/float8/policy.h). Trainer::save and
 // Trainer::load use these; load() rolls back on any failure. Several models
 // and optimizers (Precision::save) instead have "amp/models" and
 // "amp/optimizers" (their counts) and "model_<i>", "optimizer_<i>" in setup order.
@@ -91,14 +93,6 @@ torch::serialize::OutputArchive checkpoint_archive(const std::string& precision,
   }
   write_scaler(archive, scaler);
   return archive;
-}
-
-// Writes the checkpoint to `path` atomically (detail/atomic_file.h).
-template <class Scaler>
-void write_checkpoint(const std::string& path, const std::string& precision, const CheckpointCounters& counters,
-                      const torch::nn::Module& module, const torch::optim::Optimizer& optimizer, const Scaler& scaler) {
-  torch::serialize::OutputArchive archive = checkpoint_archive(precision, counters, module, optimizer, scaler);
-  atomic_write(path, [&](const std::string& tmp) { archive.save_to(tmp); });
 }
 
 // Reads `path` and checks that amp wrote it, in this format, under `precision`.

@@ -38,6 +38,7 @@
 #include "amp/core/device.h"
 #include "amp/optim/optimizer_step.h"
 #include "amp/core/policy.h"
+#include "amp/float8/policy.h"
 #include "amp/precision/region.h"
 #include "amp/scaler/dynamic_scaler.h"  // the built-in scalers a policy may name
 #include "amp/scaler/no_scaler.h"
@@ -121,6 +122,7 @@ class Precision {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the forward function must take the region: [&](auto& region) { return loss; }");
     region_type region(options_.strict_casts());
+    [[maybe_unused]] auto float8 = float8_.bind();
     return fn(region);
   }
 
@@ -162,6 +164,7 @@ class Precision {
     TORCH_CHECK(std::find(stepped_.begin(), stepped_.end(), true) != stepped_.end(),
                 "amp: update() without a step() since the last update(); call prec.step(optimizer) first");
     scaler_.update();
+    float8_.update();
     std::fill(stepped_.begin(), stepped_.end(), false);
     ++steps_;
     if constexpr (scaler_capabilities<scaler_type>::found_inf) return scaler_.found_inf();
@@ -174,6 +177,7 @@ class Precision {
   decltype(auto) evaluate(F&& fn) {
     std::vector<torch::nn::Module*> modules;
     for (const auto& m : models_) modules.push_back(m.get());
+    [[maybe_unused]] auto float8 = float8_.bind();
     return detail::evaluate<region_type>(modules, options_.strict_casts(), fn);
   }
 
@@ -236,6 +240,8 @@ class Precision {
     for (const auto& m : models_)
       if (m.get() == module.get()) return;
     detail::setup_model<Policy, Device>(*module, "Precision", "before prec.setup(model)");
+    if constexpr (is_float8_v<Policy>) float8::check_device(module->parameters().front().device());
+    float8_.track(*module, std::to_string(models_.size()) + ".");  // model i's linears: "<i>.<path>"
     models_.push_back(module);
   }
 
@@ -275,7 +281,10 @@ class Precision {
       part->sync_optimizer_state();  // the fused path's device step counters, into optimizer.state()
       optimizers.push_back(&part->optimizer());
     }
-    return detail::checkpoint_archive(precision, CheckpointCounters{steps_, 0, 0}, modules, optimizers, scaler_);
+    torch::serialize::OutputArchive archive =
+        detail::checkpoint_archive(precision, CheckpointCounters{steps_, 0, 0}, modules, optimizers, scaler_);
+    float8_.write(archive);
+    return archive;
   }
 
   void apply(torch::serialize::InputArchive& archive) {
@@ -290,6 +299,7 @@ class Precision {
     for (const auto& m : models_) modules.push_back(m.get());
     for (const auto& part : parts_) optimizers.push_back(&part->optimizer());
     steps_ = detail::apply_checkpoint(archive, modules, optimizers, scaler_).step;
+    float8_.read(archive);
     std::fill(backward_.begin(), backward_.end(), false);
   }
 
@@ -315,6 +325,7 @@ class Precision {
   std::vector<bool> stepped_;
   GradientSync* sync_ = nullptr;
   int64_t steps_ = 0;
+  float8::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories
 };
 
 }  // namespace amp

@@ -42,6 +42,7 @@
 #include "amp/train/stepper.h"
 #include "amp/precision/strict_casts.h"
 #include "amp/core/rules.h"
+#include "amp/float8/policy.h"
 
 namespace amp {
 
@@ -114,7 +115,9 @@ class Trainer {
       : module_(detail::as_module(std::forward<Model>(model))),
         options_(std::move(options)),
         stepper_(setup(optimizer), options_.stepper(), std::move(scaler)),
-        closure_optimizer_(detail::closure_based(optimizer)) {}
+        closure_optimizer_(detail::closure_based(optimizer)) {
+    float8_.track(*module_);
+  }
 
   // One optimizer step (or one micro-batch of it, with accumulation):
   // fn(region) runs the forward under the policy and returns the loss.
@@ -124,11 +127,11 @@ class Trainer {
       if constexpr (traits::uses_loss_scaling) {
         TORCH_CHECK(false, "amp: internal error: a loss-scaling Trainer with LBFGS passed setup()");
       } else {
-        return stepper_.closure_step([&] { return forward(fn); });
+        return after_step(stepper_.closure_step([&] { return forward(fn); }));
       }
     }
     at::Tensor loss = forward(fn);
-    return stepper_.step(loss);
+    return after_step(stepper_.step(loss));
   }
 
   // fn(region) for evaluation: under the policy's region, without autograd,
@@ -136,6 +139,7 @@ class Trainer {
   // Returns what fn returns:  auto acc = trainer.evaluate([&](auto&) { return accuracy(model, x, y); });
   template <class F>
   decltype(auto) evaluate(F&& fn) {
+    [[maybe_unused]] auto float8 = float8_.bind();
     return detail::evaluate<region_type>({module_.get()}, options_.strict_casts(), fn);
   }
 
@@ -155,6 +159,7 @@ class Trainer {
     History history;
     detail::Progress bar(options_.progress(), fo.max_steps(), precision, fo.log_every());
     bar.note(std::string("optimizer path: ") + optimizer_path());
+    if constexpr (is_float8_v<Policy>) bar.note(float8::describe(float8::coverage(*module_)));
     detail::PendingMetrics pending;
     auto flush = [&] { pending.flush(history, bar); };
     bool stop = fo.max_steps() >= 0 && steps() >= fo.max_steps();
@@ -204,8 +209,8 @@ class Trainer {
                 "amp: save() was called in the middle of gradient accumulation (micro-batch ", stepper_.micro_step(),
                 " of ", stepper_.options().accumulation_steps(),
                 "); call it after the step that completes the accumulation");
-    stepper_.sync_optimizer_state();  // the fused path's device step counters, into optimizer.state()
-    detail::write_checkpoint(path, precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
+    torch::serialize::OutputArchive archive = state_archive();
+    detail::atomic_write(path, [&](const std::string& tmp) { archive.save_to(tmp); });
   }
 
   // Restores a checkpoint written by save(). Refuses one saved under another
@@ -229,10 +234,7 @@ class Trainer {
   // a stream, and read back: an in-memory checkpoint in save()'s format.
   // load_state() replaces the model's and optimizer's tensors
   // (state_generation() changes); on failure, as load(), nothing changes.
-  void save_state(std::ostream& out) const {
-    stepper_.sync_optimizer_state();
-    detail::checkpoint_archive(precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler()).save_to(out);
-  }
+  void save_state(std::ostream& out) const { state_archive().save_to(out); }
   void load_state(std::istream& in) {
     torch::serialize::InputArchive archive;
     archive.load_from(in, parameter_device());
@@ -278,6 +280,22 @@ class Trainer {
 
   CheckpointCounters counters() const { return CheckpointCounters{steps(), epoch_, batch_in_epoch_}; }
 
+  // The checkpoint: model, optimizer, scaler, counters and a Float8 recipe's state.
+  torch::serialize::OutputArchive state_archive() const {
+    stepper_.sync_optimizer_state();  // the fused path's device step counters, into optimizer.state()
+    torch::serialize::OutputArchive archive =
+        detail::checkpoint_archive(precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
+    float8_.write(archive);
+    return archive;
+  }
+
+  // A Float8 recipe's state follows each optimizer step (delayed scaling's
+  // scales and history roll); nothing for other policies.
+  StepResult after_step(StepResult r) {
+    if (r.boundary) float8_.update();
+    return r;
+  }
+
   // apply(), and on any failure the state from before it back.
   void apply_or_roll_back(torch::serialize::InputArchive& archive, const std::string& what) {
     std::stringstream before;
@@ -300,6 +318,7 @@ class Trainer {
     } reload{stepper_};
     ++generation_;  // the model's and optimizer's tensors are replaced, even by a failed apply
     const CheckpointCounters c = detail::apply_checkpoint(archive, *module_, stepper_.optimizer(), stepper_.scaler());
+    float8_.read(archive);
     stepper_.set_steps(c.step);
     epoch_ = c.epoch;
     batch_in_epoch_ = c.batch_in_epoch;
@@ -310,6 +329,7 @@ class Trainer {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the step function must take the region: [&](auto& region) { return loss; }");
     region_type region = make_region();
+    [[maybe_unused]] auto float8 = float8_.bind();
     return fn(region);
   }
 
@@ -321,6 +341,7 @@ class Trainer {
     detail::check_accumulation(opt, options_.stepper().accumulation_steps());  // before the model changes
     detail::check_device<Policy, Device>("Trainer");
     detail::setup_model<Policy, Device>(*module_, "Trainer", "before constructing the Trainer");
+    if constexpr (is_float8_v<Policy>) float8::check_device(parameter_device());
     return opt;
   }
 
@@ -328,6 +349,7 @@ class Trainer {
   TrainerOptions options_;
   Stepper<scaler_type> stepper_;
   bool closure_optimizer_;
+  float8::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories
   int64_t epoch_ = 0;
   int64_t batch_in_epoch_ = 0;
   uint64_t generation_ = 0;  // counts apply()s (state_generation())

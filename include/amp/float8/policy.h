@@ -1,0 +1,181 @@
+// amp/float8/policy.h: what the policy amp::Float8<Recipe> does in a Region,
+// a Trainer and a Precision.
+//
+//   amp::Trainer<amp::Float8<amp::Tensorwise>, amp::CPU> trainer(model, opt);   // or amp::Delayed<16>
+//   trainer.step([&](auto&) { return loss_fn(model->forward(x), y); });
+//
+// A Float8 region is a bf16 autocast region whose linear routing is on
+// (amp/precision/linear_routing.h): each C++ linear whose weight fits
+// (float8::fits) runs float8::linear, tensorwise or with delayed scaling; the
+// others, and every other op, run in bf16 as in Mixed<bf16, NoScaler>.
+// The recipe's state (TrainingState) is the trainer's: Tensorwise has none;
+// Delayed keeps a DelayedScaling of every fitting nn::Linear of the model,
+// updated after each optimizer step and written into checkpoints.
+#pragma once
+
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "amp/core/policy.h"
+#include "amp/detail/compat_float8.h"
+#include "amp/float8/delayed.h"
+#include "amp/float8/linear.h"
+#include "amp/precision/linear_routing.h"
+#include "amp/precision/region.h"
+
+namespace amp {
+namespace float8 {
+
+// The linears a Float8 policy runs in float8 and those it leaves in bf16.
+struct Coverage {
+  std::vector<std::string> converted;  // module paths of the nn::Linear layers whose weight fits
+  std::vector<std::string> kept;       // "path [out, in]" of those whose dimensions are not multiples of 16
+};
+
+inline Coverage coverage(const torch::nn::Module& model) {
+  Coverage out;
+  for (const auto& item : model.named_modules()) {
+    const auto* linear = dynamic_cast<const torch::nn::LinearImpl*>(item.value().get());
+    if (linear == nullptr) continue;
+    const std::string name = item.key().empty() ? std::string("linear") : item.key();
+    const at::Tensor& w = linear->weight;
+    if (fits(w)) {
+      out.converted.push_back(name);
+    } else {
+      out.kept.push_back(name + " [" + std::to_string(w.size(0)) + ", " + std::to_string(w.size(1)) + "]");
+    }
+  }
+  return out;
+}
+
+// "float8: 3 linears, 1 kept in bf16 (head [10, 64])".
+inline std::string describe(const Coverage& c) {
+  std::string s = "float8: " + std::to_string(c.converted.size()) + " linear(s)";
+  if (!c.kept.empty()) {
+    s += ", " + std::to_string(c.kept.size()) + " kept in bf16 (dimensions not multiples of 16:";
+    for (const std::string& k : c.kept) s += " " + k;
+    s += ")";
+  }
+  return s;
+}
+
+// An amp: error unless `device` runs float8 matmuls: on CUDA, compute
+// capability 8.9+ (a 16x16 _scaled_mm is tried once per call); CPU needs
+// nothing more than the LibTorch version the rules checked.
+inline void check_device(const c10::Device& device) {
+#if AMP_DETAIL_HAS_FLOAT8_MATMUL
+  if (!device.is_cuda()) return;
+  const auto f32 = at::TensorOptions().device(device).dtype(at::kFloat);
+  const at::Tensor a = at::zeros({16, 16}, f32).to(kE4M3), one = at::ones({}, f32);
+  try {
+    (void)detail::scaled_mm(a, a.t(), one, one, at::kBFloat16);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false,
+                "amp: Float8 policies need a GPU of compute capability 8.9 or newer (Ada, Hopper, "
+                "Blackwell) for at::_scaled_mm; on this one use amp::Mixed<amp::bf16, amp::NoScaler>. LibTorch said: ",
+                e.what_without_backtrace());
+  }
+#else
+  (void)device;
+#endif
+}
+
+// What a trainer keeps for a recipe: track(model) at setup, bind() around
+// each forward, update() after each optimizer step, write/read in checkpoints.
+// Tensorwise keeps nothing, nor does a policy without a recipe (void).
+template <class Recipe>
+class TrainingState {
+ public:
+  struct Binding {};
+  void track(torch::nn::Module& /*model*/, const std::string& /*prefix*/ = "") {}
+  Binding bind() const { return {}; }
+  void update() {}
+  void write(torch::serialize::OutputArchive& /*archive*/) const {}
+  void read(torch::serialize::InputArchive& /*archive*/) {}
+};
+
+#if AMP_DETAIL_HAS_FLOAT8_MATMUL
+
+template <int H, int M>
+class TrainingState<Delayed<H, M>> {
+ public:
+  TrainingState() : scaling_(DelayedOptions().history_length(H).margin(M)) {}
+
+  void track(torch::nn::Module& model, const std::string& prefix = "") { scaling_.track(model, prefix); }
+  DelayedLinearGuard bind() const { return DelayedLinearGuard(scaling_); }
+  void update() { scaling_.update(); }
+
+  // A sub-archive "float8": "names" (the state_dict keys) and "t<i>" (its tensors).
+  void write(torch::serialize::OutputArchive& archive) const {
+    torch::serialize::OutputArchive sub;
+    c10::List<std::string> names;
+    int64_t i = 0;
+    for (const auto& kv : scaling_.state_dict()) {
+      names.push_back(kv.key());
+      sub.write("t" + std::to_string(i++), kv.value(), /*is_buffer=*/true);
+    }
+    sub.write("names", c10::IValue(names));
+    archive.write("float8", sub);
+  }
+  // All checked before anything changes (DelayedScaling::load_state_dict).
+  void read(torch::serialize::InputArchive& archive) {
+    torch::serialize::InputArchive sub;
+    TORCH_CHECK(archive.try_read("float8", sub), "amp: the checkpoint has no float8 state (\"float8\")");
+    c10::IValue names;
+    TORCH_CHECK(sub.try_read("names", names) && names.isList(), "amp: the checkpoint's float8 state has no names");
+    torch::OrderedDict<std::string, at::Tensor> state;
+    int64_t i = 0;
+    for (const c10::IValue& name : names.toListRef()) {
+      c10::IValue t;
+      TORCH_CHECK(sub.try_read("t" + std::to_string(i++), t) && t.isTensor(),
+                  "amp: the checkpoint's float8 state lacks the tensor of ", name.toStringRef());
+      state.insert(name.toStringRef(), t.toTensor());
+    }
+    scaling_.load_state_dict(state);
+  }
+
+  const DelayedScaling& scaling() const { return scaling_; }
+
+ private:
+  DelayedScaling scaling_;
+};
+
+#endif  // AMP_DETAIL_HAS_FLOAT8_MATMUL
+
+}  // namespace float8
+
+#if AMP_DETAIL_HAS_FLOAT8_MATMUL
+namespace detail {
+
+// Region<Float8<Tensorwise>, D>: the routed linears run float8::linear.
+template <>
+struct Float8RegionGuard<Tensorwise> {
+  float8::LinearGuard guard;
+};
+
+// Region<Float8<Delayed<...>>, D>: the routed linears run with the scales of
+// the DelayedScaling bound on this thread (a Trainer's or Precision's, or a
+// float8::DelayedLinearGuard of one's own); none bound is an amp: error at the
+// first fitting linear.
+template <int H, int M>
+struct Float8RegionGuard<Delayed<H, M>> {
+  Float8RegionGuard() : prev_(set_linear_fn(&float8::detail::delayed_linear)) {}
+  ~Float8RegionGuard() { set_linear_fn(prev_); }
+  Float8RegionGuard(const Float8RegionGuard&) = delete;
+  Float8RegionGuard& operator=(const Float8RegionGuard&) = delete;
+
+ private:
+  LinearFn prev_;
+};
+
+}  // namespace detail
+#endif  // AMP_DETAIL_HAS_FLOAT8_MATMUL
+
+}  // namespace amp
