@@ -11,10 +11,19 @@ template <class D>
 std::string dtype_name() {
   return amp::dtype_traits<D>::name;
 }
+template <class R>
+std::string recipe_name() {
+  if constexpr (std::is_same_v<R, amp::Tensorwise>)
+    return "Tensorwise";
+  else
+    return "Delayed<" + std::to_string(R::history_length) + ", " + std::to_string(R::margin) + ">";
+}
 template <class P>
 std::string type_name() {
   using T = amp::policy_traits<P>;
-  if constexpr (amp::is_mixed_v<P>)
+  if constexpr (amp::is_float8_v<P>)
+    return "`Float8<" + recipe_name<typename T::recipe_type>() + ">`";
+  else if constexpr (amp::is_mixed_v<P>)
     return "`Mixed<" + dtype_name<typename T::compute_type>() + ", " +
            std::string(amp::detail::builtin_scaler<typename T::scaler_type>::name) + ">`";
   else
@@ -31,7 +40,8 @@ int main() {
     // tf32 is fp32 storage with TensorFloat-32 matmul/conv math.
     const std::string params =
         std::is_same_v<typename T::param_type, amp::tf32> ? "fp32" : dtype_name<typename T::param_type>();
-    const std::string compute = std::is_same_v<typename T::compute_type, amp::tf32> ? "tf32 (matmul/conv)"
+    const std::string compute = amp::is_float8_v<P> ? "fp8 linears, bf16 (autocast)"
+                                : std::is_same_v<typename T::compute_type, amp::tf32> ? "tf32 (matmul/conv)"
                                 : T::uses_autocast ? dtype_name<typename T::compute_type>() + " (autocast)"
                                                    : dtype_name<typename T::compute_type>();
     std::cout << "| " << type_name<P>() << " | `" << T::name << "` | " << params << " | " << compute << " | "
