@@ -433,6 +433,37 @@ void rendezvous_error(const std::string& expect) {
 // DataParallel::fit: every rank trains on its shard of 11 batches (5 steps
 // each, the 11th dropped), and the History's losses are the average over the
 // ranks, identical on every rank.
+// Float8 delayed scaling over two ranks with different data: the amaxes are
+// all-reduced (max) each step, so the scales and histories, and with them
+// the parameters, stay identical on every rank.
+void float8_delayed() {
+#if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
+  auto pg = init();
+  torch::manual_seed(static_cast<uint64_t>(pg.rank()));
+  auto net = make_net();  // Linear(16, 32) runs in float8, Linear(32, 4) in bf16
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+  using P = amp::Float8<amp::Delayed<4, 0>>;
+  amp::Trainer<P, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+  amp::DataParallel dp(pg, trainer);
+  for (int64_t s = 0; s < 6; ++s) {
+    auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
+    trainer.step([&](auto&) { return (net->forward(x).to(torch::kFloat) - y).pow(2).mean(); });
+  }
+  std::vector<torch::Tensor> state;
+  for (const auto& item : trainer.float8_state().scaling().state_dict()) state.push_back(item.value().reshape({-1}));
+  check(state.size() == 4, "tracked " + std::to_string(state.size() / 4) + " linears, expected 1");
+  const torch::Tensor mine = torch::cat(state);
+  check(torch::count_nonzero(mine.narrow(0, 0, 8)).item<int64_t>() > 0, "the amax history is empty");
+  const auto all = pg.allgather(mine, "test gather");
+  for (size_t r = 1; r < all.size(); ++r)
+    check(torch::equal(all[0], all[r]), "float8 state of rank " + std::to_string(r) + " differs from rank 0's");
+  check_identical(dp, trainer, trainer.precision);
+  std::cout << "PASS float8 " << trainer.precision << " world " << pg.world_size() << std::endl;
+#else
+  std::cout << "PASS float8 (skipped: Float8 on CPU needs LibTorch 2.8+)" << std::endl;
+#endif
+}
+
 void fit_shards() {
   amp::ProcessGroup pg = init();
   torch::manual_seed(7);
@@ -492,6 +523,8 @@ int main(int argc, char** argv) {
       mismatch();
     else if (g_case == "fit")
       fit_shards();
+    else if (g_case == "float8")
+      float8_delayed();
     else if (g_case == "train" && a.size() == 3)
       train_and_die(a[1], std::stoll(a[2]), "", -1);
     else if (g_case == "die" && a.size() == 5)

@@ -40,7 +40,7 @@ int main() {
     // tf32 is fp32 storage with TensorFloat-32 matmul/conv math.
     const std::string params =
         std::is_same_v<typename T::param_type, amp::tf32> ? "fp32" : dtype_name<typename T::param_type>();
-    const std::string compute = amp::is_float8_v<P> ? "fp8 linears, bf16 (autocast)"
+    const std::string compute = amp::is_float8_v<P>                                   ? "fp8 linears, bf16 (autocast)"
                                 : std::is_same_v<typename T::compute_type, amp::tf32> ? "tf32 (matmul/conv)"
                                 : T::uses_autocast ? dtype_name<typename T::compute_type>() + " (autocast)"
                                                    : dtype_name<typename T::compute_type>();

@@ -170,6 +170,10 @@ class DataParallel : public GradientSync {
     }
   }
 
+  // Float8 delayed scaling's amaxes of the step: their largest over the ranks
+  // (one all-reduce), so that every rank computes the same scales.
+  void reduce_max(at::Tensor& t) override { pg_.allreduce_max(t, "float8 amax all-reduce"); }
+
   // All-reduces issued so far (one per bucket per optimizer step), and the bucket count.
   int64_t allreduces() const { return allreduces_.load(); }
   int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }

@@ -221,6 +221,16 @@ class ProcessGroup {
     if (!w.is_same(t)) t.copy_(w);
   }
 
+  // The elementwise largest over the processes, in place.
+  void allreduce_max(at::Tensor& t, const std::string& what) const {
+    at::Tensor w = on_wire(t);
+    std::vector<at::Tensor> v{w};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    wait(on_backend_of(w, what, [&](auto& backend) { return backend.allreduce(v, o); }), what);
+    if (!w.is_same(t)) t.copy_(w);
+  }
+
   void broadcast(at::Tensor& t, int root, const std::string& what) const {
     at::Tensor w = on_wire(t);
     std::vector<at::Tensor> v{w};

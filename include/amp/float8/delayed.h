@@ -109,7 +109,28 @@ class DelayedScaling {
   // After each optimizer step: every scale from its history, and the
   // histories rolled (slot 0 zeroed for the next step's amaxes).
   void update() {
+    update([](at::Tensor&) {});
+  }
+  // The same, the step's amaxes (every history's slot 0, as one tensor)
+  // first passed to reduce_max(at::Tensor&), which replaces them in place by
+  // their largest over the processes (TE's reduce_amax): one collective per step.
+  template <class ReduceMax>
+  void update(ReduceMax&& reduce_max) {
     at::NoGradGuard no_grad;
+    if (!slots_.empty()) {
+      std::vector<at::Tensor> rows;
+      for (const detail::DelayedSlots& s : slots_) {
+        rows.push_back(s.fwd_history.select(0, 0));
+        rows.push_back(s.bwd_history.select(0, 0));
+      }
+      at::Tensor amaxes = at::cat(rows);
+      reduce_max(amaxes);
+      int64_t offset = 0;
+      for (at::Tensor& row : rows) {
+        row.copy_(amaxes.narrow(0, offset, row.numel()));
+        offset += row.numel();
+      }
+    }
     for (detail::DelayedSlots& s : slots_) {
       s.fwd_scale.copy_(delayed_scale_update(s.fwd_history, s.fwd_scale, kE4M3Max, options_.margin()));
       s.bwd_scale.copy_(delayed_scale_update(s.bwd_history, s.bwd_scale, kE5M2Max, options_.margin()));

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "amp/core/policy.h"
@@ -88,7 +89,8 @@ inline void check_device(const c10::Device& device) {
 }
 
 // What a trainer keeps for a recipe: track(model) at setup, bind() around
-// each forward, update() after each optimizer step, write/read in checkpoints.
+// each forward, update(reduce_max) after each optimizer step (reduce_max
+// makes the step's amaxes the same on every process), write/read in checkpoints.
 // Tensorwise keeps nothing, nor does a policy without a recipe (void).
 template <class Recipe>
 class TrainingState {
@@ -96,7 +98,8 @@ class TrainingState {
   struct Binding {};
   void track(torch::nn::Module& /*model*/, const std::string& /*prefix*/ = "") {}
   Binding bind() const { return {}; }
-  void update() {}
+  template <class ReduceMax>
+  void update(ReduceMax&& /*reduce_max*/) {}
   void write(torch::serialize::OutputArchive& /*archive*/) const {}
   void read(torch::serialize::InputArchive& /*archive*/) {}
 };
@@ -110,7 +113,11 @@ class TrainingState<Delayed<H, M>> {
 
   void track(torch::nn::Module& model, const std::string& prefix = "") { scaling_.track(model, prefix); }
   DelayedLinearGuard bind() const { return DelayedLinearGuard(scaling_); }
-  void update() { scaling_.update(); }
+  // reduce_max(at::Tensor&): the amaxes' largest over the processes, in place.
+  template <class ReduceMax>
+  void update(ReduceMax&& reduce_max) {
+    scaling_.update(std::forward<ReduceMax>(reduce_max));
+  }
 
   // A sub-archive "float8": "names" (the state_dict keys) and "t<i>" (its tensors).
   void write(torch::serialize::OutputArchive& archive) const {

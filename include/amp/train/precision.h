@@ -164,7 +164,9 @@ class Precision {
     TORCH_CHECK(std::find(stepped_.begin(), stepped_.end(), true) != stepped_.end(),
                 "amp: update() without a step() since the last update(); call prec.step(optimizer) first");
     scaler_.update();
-    float8_.update();
+    float8_.update([this](at::Tensor& amaxes) {
+      if (sync_ != nullptr) sync_->reduce_max(amaxes);
+    });
     std::fill(stepped_.begin(), stepped_.end(), false);
     ++steps_;
     if constexpr (scaler_capabilities<scaler_type>::found_inf) return scaler_.found_inf();

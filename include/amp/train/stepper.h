@@ -54,6 +54,9 @@ class GradientSync {
   virtual ~GradientSync() = default;
   virtual void begin_backward(bool boundary) = 0;
   virtual void finish_backward() = 0;
+  // t's elementwise largest over the processes, in place (float8 delayed
+  // scaling's amaxes, once per optimizer step); nothing to do for one process.
+  virtual void reduce_max(at::Tensor& t) { (void)t; }
 };
 
 namespace detail {

@@ -266,6 +266,8 @@ class Trainer {
   bool fused() const { return stepper_.fused(); }
   std::string optimizer_path() const { return stepper_.optimizer_path(); }
   int64_t epoch() const { return epoch_; }
+  // A Float8 policy's recipe state (float8::TrainingState: Delayed's scales and histories).
+  const float8::TrainingState<detail::float8_recipe_t<Policy>>& float8_state() const { return float8_; }
 
  private:
   // The scale as a tensor without a sync where the scaler has one (torch's
@@ -292,7 +294,10 @@ class Trainer {
   // A Float8 recipe's state follows each optimizer step (delayed scaling's
   // scales and history roll); nothing for other policies.
   StepResult after_step(StepResult r) {
-    if (r.boundary) float8_.update();
+    if (r.boundary)
+      float8_.update([this](at::Tensor& amaxes) {
+        if (GradientSync* sync = stepper_.gradient_sync()) sync->reduce_max(amaxes);
+      });
     return r;
   }
 
