@@ -239,6 +239,35 @@ TEST(Float8Policy, TheRegionRunsTheLinearsInFloat8) {
   EXPECT_LT((fp8.to(torch::kFloat) - bf16.to(torch::kFloat)).abs().max().item<float>(), 0.25f);
 }
 
+// LibTorch's C++ nn::Linear runs matmul then `output += bias` for an input
+// of more than 2 dims; in a Float8 region that bias is added in bf16, as
+// float8::linear (and torchao) add it: the module's bits are the function's.
+TEST(Float8Policy, ABiasAfterA3dInputIsAddedAsFloat8LinearAddsIt) {
+  torch::manual_seed(2);
+  torch::nn::Linear fc(64, 32);
+  const auto x = torch::randn({5, 8, 64});
+  torch::Tensor routed, direct;
+  {
+    amp::Region<Tensorwise, amp::CPU> region;
+    routed = fc(x);
+  }
+  {
+    amp::Region<Bf16, amp::CPU> region(amp::LinearRouting::kOff);
+    direct = f8::linear(x, fc->weight, fc->bias);
+  }
+  EXPECT_TRUE(torch::equal(routed, direct));
+  // An add_ that is not that bias's is left alone.
+  {
+    amp::Region<Tensorwise, amp::CPU> region;
+    auto y = fc(x);
+    auto z = torch::zeros({5, 8, 32}, torch::kBFloat16);
+    const auto other = torch::randn({32});
+    z += other;
+    EXPECT_TRUE(torch::equal(z, torch::zeros({5, 8, 32}, torch::kBFloat16).add_(other)));
+    (void)y;
+  }
+}
+
 TEST(Float8Policy, ADelayedRegionWithoutItsStateIsAnError) {
   Mlp net = make_net();
   amp::Region<Delayed4, amp::CPU> region;

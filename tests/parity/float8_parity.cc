@@ -16,12 +16,19 @@
 //   fp8-delayed-mlp      the same with delayed scaling (amp/float8/delayed.h,
 //                        history 16, so it rolls past its length): also the
 //                        final amax histories and scales (cpp_<run>_fp8.pt)
+//   fp8-tensorwise-block a small transformer block (LayerNorm, 4-head
+//   fp8-delayed-block    attention, GELU FFN, a 10-class head; d 64, 8
+//                        tokens, batch 5: 40 rows, dW's padding path)
+//                        trained by amp::Trainer<amp::Float8<...>>, the
+//                        policy itself: qkv, proj, fc1, fc2 in float8, the
+//                        head, attention's matmuls and the rest in bf16
 // Needs a CPU _scaled_mm (LibTorch 2.8+): before, it writes nothing and says so.
 #include <torch/torch.h>
 
 #include <amp/amp.h>
 #include <amp/float8/delayed.h>
 #include <amp/float8/linear.h>
+#include <amp/float8/policy.h>
 
 #include <cstdint>
 #include <cstring>
@@ -98,6 +105,62 @@ void run_mlp(std::ofstream& steps, const std::string& out, const std::string& ru
 }
 #endif
 
+#if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL  // a Float8 Trainer on CPU
+struct BlockImpl : torch::nn::Module {
+  BlockImpl()
+      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({64})))),
+        qkv(register_module("qkv", torch::nn::Linear(64, 192))),
+        proj(register_module("proj", torch::nn::Linear(64, 64))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({64})))),
+        fc1(register_module("fc1", torch::nn::Linear(64, 256))),
+        fc2(register_module("fc2", torch::nn::Linear(256, 64))),
+        head(register_module("head", torch::nn::Linear(64, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) {  // [B, T, 64] -> [B, 10]
+    const int64_t b = x.size(0), t = x.size(1);
+    const auto parts = qkv(ln1(x)).reshape({b, t, 3, 4, 16}).permute({2, 0, 3, 1, 4});  // [3, B, heads, T, 16]
+    const auto q = parts[0], k = parts[1], v = parts[2];
+    const auto att = torch::softmax(torch::matmul(q, k.transpose(-2, -1)) / 4.0, -1);
+    const auto o = torch::matmul(att, v).permute({0, 2, 1, 3}).reshape({b, t, 64});
+    auto h = x + proj(o);
+    h = h + fc2(torch::gelu(fc1(ln2(h))));
+    return head(h.mean(1));
+  }
+  torch::nn::LayerNorm ln1;
+  torch::nn::Linear qkv, proj;
+  torch::nn::LayerNorm ln2;
+  torch::nn::Linear fc1, fc2, head;
+};
+TORCH_MODULE(Block);
+
+template <class Policy>
+void run_block(std::ofstream& steps, const std::string& out, const std::string& run) {
+  torch::manual_seed(0);
+  Block model;
+  {
+    torch::NoGradGuard no_grad;  // the linears' parameters from randn, in registration order; LayerNorms 1 and 0
+    for (auto& item : model->named_parameters())
+      if (item.key().rfind("ln", 0) != 0) item.value().copy_(torch::randn(item.value().sizes()) * 0.05);
+  }
+  torch::manual_seed(1);
+  const auto x = torch::randn({kSteps, 5, 8, 64});
+  const auto y = torch::randint(0, 10, {kSteps, 5}, torch::kLong);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  amp::Trainer<Policy, amp::CPU> trainer(model, opt, amp::TrainerOptions().progress(false).fused(false));
+  for (int i = 0; i < kSteps; ++i) {
+    const amp::StepResult r =
+        trainer.step([&](auto&) { return torch::nn::functional::cross_entropy(model->forward(x[i]), y[i]); });
+    steps << run << " " << i << " " << bits(static_cast<float>(r.loss_value())) << "\n";
+  }
+  save(out + "/cpp_" + run + ".pt", model->parameters());
+  if constexpr (!std::is_same_v<typename Policy::recipe_type, amp::Tensorwise>) {
+    std::vector<torch::Tensor> state;
+    for (const auto& item : trainer.float8_state().scaling().state_dict()) state.push_back(item.value());
+    save(out + "/cpp_" + run + "_fp8.pt", state);
+  }
+  std::cout << run << ": " << kSteps << " steps written\n";
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -112,6 +175,10 @@ int main(int argc, char** argv) {
     std::ofstream steps(out + "/cpp_steps.txt");
     run_mlp(steps, out, "fp8-tensorwise-mlp", false);
     run_mlp(steps, out, "fp8-delayed-mlp", true);
+#if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
+    run_block<amp::Float8<amp::Tensorwise>>(steps, out, "fp8-tensorwise-block");
+    run_block<amp::Float8<amp::Delayed<16, 0>>>(steps, out, "fp8-delayed-block");
+#endif
     return 0;
   }
 #endif

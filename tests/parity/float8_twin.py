@@ -163,7 +163,58 @@ def run_mlp(delayed):
     return losses, [p.detach() for p in model.parameters()], fp8.state() if fp8 else None
 
 
-RUNS = {"fp8-tensorwise-mlp": lambda: run_mlp(False), "fp8-delayed-mlp": lambda: run_mlp(True)}
+class Block(torch.nn.Module):
+    """float8_parity.cc's BlockImpl, op for op."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(64)
+        self.qkv = torch.nn.Linear(64, 192)
+        self.proj = torch.nn.Linear(64, 64)
+        self.ln2 = torch.nn.LayerNorm(64)
+        self.fc1 = torch.nn.Linear(64, 256)
+        self.fc2 = torch.nn.Linear(256, 64)
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x, fp8):
+        lin = lambda m, t: fp8_linear(t, m.weight, m.bias, fp8)
+        b, t = x.shape[0], x.shape[1]
+        parts = lin(self.qkv, self.ln1(x)).reshape(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        q, k, v = parts[0], parts[1], parts[2]
+        att = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) / 4.0, -1)
+        o = torch.matmul(att, v).permute(0, 2, 1, 3).reshape(b, t, 64)
+        h = x + lin(self.proj, o)
+        h = h + lin(self.fc2, F.gelu(lin(self.fc1, self.ln2(h))))
+        return lin(self.head, h.mean(1))
+
+
+def run_block(delayed):
+    torch.manual_seed(0)
+    model = Block()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.startswith("ln"):
+                p.copy_(torch.randn(p.shape) * 0.05)
+    fp8 = Delayed(model, 16) if delayed else None
+    torch.manual_seed(1)
+    x = torch.randn(STEPS, 5, 8, 64)
+    y = torch.randint(0, 10, (STEPS, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=False)
+    losses = []
+    for i in range(STEPS):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x[i], fp8), y[i])
+        loss.backward()
+        opt.step()
+        if fp8:
+            fp8.update()
+        losses.append(bits(loss.item()))
+    return losses, [p.detach() for p in model.parameters()], fp8.state() if fp8 else None
+
+
+RUNS = {"fp8-tensorwise-mlp": lambda: run_mlp(False), "fp8-delayed-mlp": lambda: run_mlp(True),
+        "fp8-tensorwise-block": lambda: run_block(False), "fp8-delayed-block": lambda: run_block(True)}
 
 
 def main(out):

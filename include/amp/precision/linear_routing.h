@@ -22,7 +22,10 @@
 // transpose of a 2-D leaf that requires grad, become one linear(x, w[, b]);
 // every linear on such a weight then runs the thread's LinearFn
 // (detail::set_linear_fn; at::linear by default, which is what Python runs
-// and bitwise what the unrouted addmm/matmul compute for one call). Only the
+// and bitwise what the unrouted addmm/matmul compute for one call). With a
+// LinearFn of its own (float8), the bias that F::linear adds after a routed
+// matmul (input of more than 2 dims) is cast to the output's dtype first, as
+// that LinearFn adds a bias (aten::add_ has a kernel for that one call). Only the
 // ops user code calls itself are seen (the key is excluded while a kernel
 // runs); nothing is routed inside autocast's kernels, where autocast is off
 // (full_precision), or inside backward. README "Linear routing" has the
@@ -31,6 +34,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/linear_ops.h>
 #include <ATen/ops/matmul_ops.h>
@@ -72,6 +76,12 @@ struct LinearRoutingState {
   bool on = false;
   c10::DeviceType device = c10::DeviceType::CPU;
   LinearFn fn = nullptr;
+  // The output of the last matmul(x, w.t()) routed to `fn` (identity only):
+  // LibTorch's C++ F::linear adds the bias to it next (`output += bias`, in
+  // the fp32 bias's precision); routed_add_ casts that bias to the output's
+  // dtype first, as `fn`'s own linear(x, w, bias) does (float8: torchao's
+  // `y + bias.to(y.dtype)`).
+  const c10::TensorImpl* bias_pending = nullptr;
 };
 
 inline LinearRoutingState& linear_routing_state() {
@@ -133,12 +143,29 @@ inline at::Tensor routed_addmm(c10::DispatchKeySet keys, const at::Tensor& self,
 
 inline at::Tensor routed_matmul(c10::DispatchKeySet keys, const at::Tensor& self, const at::Tensor& other) {
   c10::impl::ExcludeDispatchKeyGuard nested(kLinearRoutingKey);
-  const LinearRoutingState& s = linear_routing_state();
+  LinearRoutingState& s = linear_routing_state();
   if (s.on) {
     const at::Tensor w = transposed_leaf(other);
-    if (w.defined() && routes(s, w)) return run_linear(s, self, w, c10::nullopt);
+    if (w.defined() && routes(s, w)) {
+      at::Tensor out = run_linear(s, self, w, c10::nullopt);
+      s.bias_pending = s.fn ? out.unsafeGetTensorImpl() : nullptr;
+      return out;
+    }
   }
   return at::_ops::matmul::redispatch(below_routing(keys), self, other);
+}
+
+// F::linear's `output += bias` right after a matmul routed to a LinearFn:
+// the bias in the output's dtype (see LinearRoutingState::bias_pending).
+inline at::Tensor& routed_add_(c10::DispatchKeySet keys, at::Tensor& self, const at::Tensor& other,
+                               const c10::Scalar& alpha) {
+  c10::impl::ExcludeDispatchKeyGuard nested(kLinearRoutingKey);
+  LinearRoutingState& s = linear_routing_state();
+  const bool pending = s.bias_pending != nullptr && s.bias_pending == self.unsafeGetTensorImpl();
+  s.bias_pending = nullptr;
+  if (pending && is_one(alpha) && other.dim() == 1 && other.scalar_type() != self.scalar_type())
+    return at::_ops::add__Tensor::redispatch(below_routing(keys), self, other.to(self.scalar_type()), alpha);
+  return at::_ops::add__Tensor::redispatch(below_routing(keys), self, other, alpha);
 }
 
 inline at::Tensor routed_linear(c10::DispatchKeySet keys, const at::Tensor& input, const at::Tensor& weight,
@@ -161,6 +188,7 @@ inline void register_linear_routing_kernels() {
     kernels.impl("addmm", TORCH_FN(routed_addmm));
     kernels.impl("matmul", TORCH_FN(routed_matmul));
     kernels.impl("linear", TORCH_FN(routed_linear));
+    kernels.impl("add_.Tensor", TORCH_FN(routed_add_));
     return true;
   }();
   (void)registered;
@@ -183,6 +211,7 @@ class LinearRoutingGuard {
     c10::impl::tls_set_dispatch_key_included(kLinearRoutingKey, prev_included_);
     linear_routing_state().on = prev_.on;
     linear_routing_state().device = prev_.device;
+    linear_routing_state().bias_pending = nullptr;
   }
   LinearRoutingGuard(const LinearRoutingGuard&) = delete;
   LinearRoutingGuard& operator=(const LinearRoutingGuard&) = delete;
