@@ -44,7 +44,7 @@ def pad_rows_to_16(t):
     padded = (rows + 15) // 16 * 16
     if padded == rows:
         return t
-    out = torch.zeros((padded,) + tuple(t.shape[1:]), dtype=t.dtype)
+    out = torch.zeros((padded,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
     out[:rows].copy_(t)
     return out
 
@@ -99,8 +99,9 @@ class Delayed:
         self.slots = {}  # id(weight) -> state, in named_modules order
         for _, m in model.named_modules():
             if isinstance(m, torch.nn.Linear) and fits(m.weight):
-                self.slots[id(m.weight)] = {"fwd_history": torch.zeros(length, 2), "fwd_scale": torch.ones(2),
-                                            "bwd_history": torch.zeros(length, 1), "bwd_scale": torch.ones(1)}
+                on = {"device": m.weight.device}
+                self.slots[id(m.weight)] = {"fwd_history": torch.zeros(length, 2, **on), "fwd_scale": torch.ones(2, **on),
+                                            "bwd_history": torch.zeros(length, 1, **on), "bwd_scale": torch.ones(1, **on)}
 
     def update(self):
         for s in self.slots.values():

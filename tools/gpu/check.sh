@@ -12,7 +12,7 @@
 # 2. tests/parity/parity.cc and its Python twin on CUDA: the same 300 training
 #    steps with amp and with Python's torch.amp, compared bit for bit;
 # 3. with AMP_GPU_BENCH=1, the CUDA benchmarks and right after them their
-#    Python twin (bench/fused_step_twin.py), on the same GPU;
+#    Python twins (bench/fused_step_twin.py, bench/float8_ffn_twin.py), on the same GPU;
 # 4. builds everything else and runs every test with ctest.
 # Logs go to $OUT when set (the device tool brings that folder back), else
 # next to the build folder. Prints one line per stage and a summary; exit 1
@@ -43,7 +43,7 @@ grep -E "^-- amp" "$logs/configure.log"
 # 1. The CUDA-facing targets first.
 targets=$(cmake --build "$b" --target help 2>/dev/null)
 first=()
-for t in capture_cuda_test parity fused_step_bench distributed_world1_test; do
+for t in capture_cuda_test parity fused_step_bench float8_ffn_bench distributed_world1_test; do
   grep -qE "(^|[ .:])$t([ :]|$)" <<<"$targets" && first+=("$t")
 done
 built=0
@@ -78,6 +78,12 @@ if [ "${AMP_GPU_BENCH:-0}" = 1 ] && [ -n "$(bin fused_step_bench)" ]; then
   stage "fused_step_bench (CUDA)" "${PIPESTATUS[0]}"
   python3 bench/fused_step_twin.py 2>&1 | tee -a "$logs/bench.log"
   stage "fused_step_twin.py" "${PIPESTATUS[0]}"
+  if [ -n "$(bin float8_ffn_bench)" ]; then  # fp8 against bf16-mixed, then the same in plain Python torch
+    "$(bin float8_ffn_bench)" --benchmark_filter=Cuda 2>&1 | tee -a "$logs/bench.log"
+    stage "float8_ffn_bench (CUDA)" "${PIPESTATUS[0]}"
+    python3 bench/float8_ffn_twin.py 2>&1 | tee -a "$logs/bench.log"
+    stage "float8_ffn_twin.py" "${PIPESTATUS[0]}"
+  fi
 fi
 
 # 4. Everything, then every test.

@@ -1,0 +1,93 @@
+"""bench/float8_ffn_twin.py: bench/float8_ffn_bench.cc's model in plain Python
+torch: the same float8 recipes (tests/parity/float8_twin.py: torch._scaled_mm
+in an autograd.Function, tensorwise or delayed scaling) against bf16 autocast,
+AdamW(fused=True), the same shapes, warm-up and timing; host syncs per step
+(torch.cuda.set_sync_debug_mode(1)) and peak memory per step.
+
+    python3 bench/float8_ffn_twin.py           # CUDA: d=4096, 2 blocks, 8192 tokens
+    python3 bench/float8_ffn_twin.py --small   # CPU: d=64, 1 block, 128 tokens (a smoke run)
+"""
+import os
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
+from float8_twin import Delayed, fp8_linear  # noqa: E402  the recipe the parity check holds amp to
+
+
+class Ffn(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm, self.up, self.down = torch.nn.LayerNorm(d), torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x, fp8):
+        if fp8 is False:  # bf16-mixed: the modules as they are
+            return x + self.down(F.gelu(self.up(self.norm(x))))
+        lin = lambda m, t: fp8_linear(t, m.weight, m.bias, fp8)  # noqa: E731
+        return x + lin(self.down, F.gelu(lin(self.up, self.norm(x))))
+
+
+def bench(name, recipe, d, blocks, tokens, steps, rounds, device):
+    torch.manual_seed(0)
+    model = torch.nn.ModuleList([Ffn(d) for _ in range(blocks)]).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    fp8 = False if recipe == "bf16" else (Delayed(model, 1024) if recipe == "delayed" else None)
+    torch.manual_seed(1)
+    x, y = torch.randn(tokens, d, device=device), torch.randn(tokens, d, device=device)
+    cuda = device == "cuda"
+
+    def step():
+        opt.zero_grad()
+        with torch.autocast(device, dtype=torch.bfloat16):
+            h = x
+            for block in model:
+                h = block(h, fp8)
+            loss = F.mse_loss(h.float(), y)
+        loss.backward()
+        opt.step()
+        if fp8:
+            fp8.update()
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    for _ in range(3):
+        step()
+    sync()
+    best = 0.0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        best = max(best, steps / (time.perf_counter() - t0))
+    line = f"python {name}: {best:.2f} steps/s (best of {rounds} rounds of {steps})"
+    if cuda:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode(1)
+            for _ in range(5):
+                step()
+            torch.cuda.set_sync_debug_mode(0)
+        syncs = sum(1 for w in caught if "synchroniz" in str(w.message)) / 5
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        line += f", {syncs:g} syncs/step, peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB"
+    print(line, flush=True)
+    return best
+
+
+if __name__ == "__main__":
+    small = "--small" in sys.argv
+    device = "cpu" if small or not torch.cuda.is_available() else "cuda"
+    shape = (64, 1, 128, 5, 2) if device == "cpu" else (4096, 2, 8192, 10, 3)
+    rates = {r: bench(f"ffn {r} ({device})", r, *shape, device) for r in ("bf16", "tensorwise", "delayed")}
+    for r in ("tensorwise", "delayed"):
+        print(f"python ffn fp8 {r} / bf16-mixed: {rates[r] / rates['bf16']:.2f}x")
