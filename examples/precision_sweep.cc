@@ -201,11 +201,12 @@ Row run_policy(const Config& cfg, const Task& task, torch::Device device) {
   for (const auto& p : model->parameters())
     row.diverged = row.diverged || !torch::isfinite(p).all().template item<bool>();
 
-  torch::NoGradGuard no_grad;
-  model->eval();
-  Region region;  // evaluate in the policy's precision, as it would be deployed
-  auto logits = model(task.test_x.to(device, in_dtype));
-  row.accuracy = logits.argmax(1).eq(task.test_y.to(device)).to(torch::kFloat).mean().template item<double>();
+  // In the policy's precision, as it would be deployed (Trainer::evaluate: its
+  // region, no autograd, eval mode; a Float8<Delayed> policy's scales).
+  row.accuracy = trainer.evaluate([&](Region&) {
+    auto logits = model(task.test_x.to(device, in_dtype));
+    return logits.argmax(1).eq(task.test_y.to(device)).to(torch::kFloat).mean().template item<double>();
+  });
   return row;
 }
 
