@@ -4,8 +4,7 @@
 //     using P = typename decltype(policy)::type;  run<P>(); });
 //   amp::dispatch_precision<amp::CPU>("bf16-mixed", [](auto policy) { ... });
 //
-// all_policies lists every built-in policy once (the delayed float8 recipe as
-// Delayed<>, TE's defaults); supported_policies<Device> is
+// all_policies lists every valid policy once; supported_policies<Device> is
 // computed from it with hana::filter over is_supported_v, so the per-device
 // lists follow the LibTorch version instead of being written by hand. Adding a
 // policy to all_policies adds it to every sweep, typed test and dispatch.
@@ -32,7 +31,7 @@
 
 namespace amp {
 
-// Every built-in policy, in the order tables and sweeps show them.
+// Every valid policy, in the order tables and sweeps show them.
 inline constexpr auto all_policies =
     boost::hana::tuple_t<True<fp32>, True<tf32>, Mixed<bf16, NoScaler>, Mixed<fp16, DynamicScaler>,
                          Mixed<fp16, StaticScaler>, True<bf16>, True<fp16>, True<fp64>, Float8<Tensorwise>,
