@@ -144,24 +144,29 @@ def forward(model, x, delayed):
     return x
 
 
-def run_mlp(delayed):
-    model = make_mlp()
-    fp8 = Delayed(model, 16) if delayed else None
-    torch.manual_seed(1)
-    x = torch.randn(STEPS, 24, 64) * 4
-    y = torch.randint(0, 10, (STEPS, 24))
+def train(model, fp8, x, y, forward):
+    """SGD with momentum, 100 steps, the forward under bf16 autocast; delayed scaling updated after each step."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=False)
     losses = []
     for i in range(STEPS):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = F.cross_entropy(forward(model, x[i], fp8), y[i])
+            loss = F.cross_entropy(forward(x[i]), y[i])
         loss.backward()
         opt.step()
         if fp8:
             fp8.update()
         losses.append(bits(loss.item()))
     return losses, [p.detach() for p in model.parameters()], fp8.state() if fp8 else None
+
+
+def run_mlp(delayed):
+    model = make_mlp()
+    fp8 = Delayed(model, 16) if delayed else None
+    torch.manual_seed(1)
+    x = torch.randn(STEPS, 24, 64) * 4
+    y = torch.randint(0, 10, (STEPS, 24))
+    return train(model, fp8, x, y, lambda xi: forward(model, xi, fp8))
 
 
 class Block(torch.nn.Module):
@@ -200,18 +205,7 @@ def run_block(delayed):
     torch.manual_seed(1)
     x = torch.randn(STEPS, 5, 8, 64)
     y = torch.randint(0, 10, (STEPS, 5))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=False)
-    losses = []
-    for i in range(STEPS):
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x[i], fp8), y[i])
-        loss.backward()
-        opt.step()
-        if fp8:
-            fp8.update()
-        losses.append(bits(loss.item()))
-    return losses, [p.detach() for p in model.parameters()], fp8.state() if fp8 else None
+    return train(model, fp8, x, y, lambda xi: model(xi, fp8))
 
 
 RUNS = {"fp8-tensorwise-mlp": lambda: run_mlp(False), "fp8-delayed-mlp": lambda: run_mlp(True),
