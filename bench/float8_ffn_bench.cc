@@ -20,14 +20,14 @@
 
 #include <amp/amp.h>
 
-#include <atomic>
 #include <chrono>
 #include <string>
+
+#include "cuda_syncs.h"
 
 #ifdef AMP_LIBTORCH_HAS_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/util/Exception.h>
 #endif
 
 namespace {
@@ -69,26 +69,6 @@ struct Setup {
 };
 
 #ifdef AMP_LIBTORCH_HAS_CUDA
-struct SyncCounter : c10::WarningHandler {
-  std::atomic<int64_t> syncs{0};
-  void process(const c10::Warning& w) override {
-    if (w.msg().find("synchroniz") != std::string::npos) ++syncs;
-  }
-};
-
-template <class F>
-double syncs_per_step(F&& step) {
-  SyncCounter counter;
-  {
-    c10::WarningUtils::WarningHandlerGuard guard(&counter);
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
-    for (int i = 0; i < 5; ++i) step();
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-  }
-  torch::cuda::synchronize();
-  return static_cast<double>(counter.syncs.load()) / 5.0;
-}
-
 // The caching allocator's peak over one step, in MiB.
 template <class F>
 double peak_mib(F&& step) {
@@ -135,7 +115,7 @@ void run(benchmark::State& state, torch::Device device, int64_t d, int blocks, i
   state.counters["fp8_linears"] = static_cast<double>(amp::float8::coverage(*fp8.model).converted.size());
 #ifdef AMP_LIBTORCH_HAS_CUDA
   if (device.is_cuda()) {
-    state.counters["fp8_syncs_per_step"] = syncs_per_step([&] { fp8.step(x, y); });
+    state.counters["fp8_syncs_per_step"] = amp_bench::syncs_per_step([&] { fp8.step(x, y); }, 5);
     state.counters["fp8_peak_mib"] = peak_mib([&] { fp8.step(x, y); });
     state.counters["bf16_peak_mib"] = peak_mib([&] { bf16.step(x, y); });
   }

@@ -20,15 +20,11 @@
 
 #include <amp/amp.h>
 
-#include <atomic>
 #include <chrono>
 #include <string>
 #include <utility>
 
-#ifdef AMP_LIBTORCH_HAS_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#include <c10/util/Exception.h>
-#endif
+#include "cuda_syncs.h"
 
 namespace {
 
@@ -61,30 +57,6 @@ torch::nn::Sequential compute_bound() {
 torch::nn::Sequential cpu_mlp() {
   return torch::nn::Sequential(torch::nn::Linear(512, 2048), torch::nn::ReLU(), torch::nn::Linear(2048, 512));
 }
-
-#ifdef AMP_LIBTORCH_HAS_CUDA
-// Counts the warnings of LibTorch's CUDA sync debug mode (one per host sync).
-struct SyncCounter : c10::WarningHandler {
-  std::atomic<int64_t> syncs{0};
-  void process(const c10::Warning& w) override {
-    if (w.msg().find("synchroniz") != std::string::npos) ++syncs;
-  }
-};
-
-// Host syncs per call of step(), over 20 calls, in the sync debug mode.
-template <class F>
-double syncs_per_step(F&& step) {
-  SyncCounter counter;
-  {
-    c10::WarningUtils::WarningHandlerGuard guard(&counter);
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
-    for (int i = 0; i < 20; ++i) step();
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-  }
-  torch::cuda::synchronize();
-  return static_cast<double>(counter.syncs.load()) / 20.0;
-}
-#endif
 
 // Times a() and b(), steps_per_round calls of each per benchmark round,
 // interleaved, each round ended by sync(); returns their steps per second.
@@ -148,7 +120,8 @@ void run(benchmark::State& state, torch::nn::Sequential (*make)(), torch::Device
   state.counters["speedup"] = fused_rate / unfused_rate;
   state.counters["fused_path"] = fused.trainer.fused() ? 1 : 0;
 #ifdef AMP_LIBTORCH_HAS_CUDA
-  if (device.is_cuda()) state.counters["fused_syncs_per_step"] = syncs_per_step([&] { fused.step(x, y); });
+  if (device.is_cuda())
+    state.counters["fused_syncs_per_step"] = amp_bench::syncs_per_step([&] { fused.step(x, y); }, 20);
 #endif
 }
 
@@ -177,7 +150,7 @@ void run_captured(benchmark::State& state, int steps_per_round) {
   state.counters["eager_fused_steps_per_s"] = eager_rate;
   state.counters["speedup"] = captured_rate / eager_rate;
   state.counters["pool_mib"] = static_cast<double>(step.pool_bytes()) / (1 << 20);
-  state.counters["captured_syncs_per_step"] = syncs_per_step([&] { step(batch); });
+  state.counters["captured_syncs_per_step"] = amp_bench::syncs_per_step([&] { step(batch); }, 20);
 }
 #endif
 
