@@ -16,6 +16,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -302,5 +303,34 @@ TEST(CaptureCuda, EagerStepsBetweenReplays) {
   }
   expect_same(reference, mixed);
 }
+
+#if AMP_DETAIL_HAS_FLOAT8_MATMUL
+// Float8 (compute capability 8.9+): the graph records the casts, the
+// _scaled_mm calls and delayed scaling's update in place; replays equal
+// eager steps, scales and amax histories included.
+template <class Recipe>
+void float8_replays_equal_eager_steps() {
+  SKIP_WITHOUT_CUDA();
+  if (error_of([] { amp::float8::check_device(c10::Device(c10::kCUDA, 0)); }) != "<no error>")
+    GTEST_SKIP() << "no float8 matmul on this GPU (compute capability < 8.9)";
+  using P = amp::Float8<Recipe>;
+  Training<P> eager(Opt::kAdamW), captured(Opt::kAdamW);
+  auto step = captured.trainer.capture(captured.fn(), batch_at(0, 32, false));
+  for (int i = 0; i < 100; ++i) {
+    const Batch b = batch_at(i, 32, false);
+    EXPECT_TRUE(torch::equal(eager.eager(b).loss, step(b).loss)) << "step " << i;
+  }
+  expect_same(eager, captured);
+  if constexpr (!std::is_same_v<Recipe, amp::Tensorwise>) {
+    const auto sa = eager.trainer.float8_state().scaling().state_dict();
+    const auto sb = captured.trainer.float8_state().scaling().state_dict();
+    ASSERT_EQ(sa.size(), 12u) << "three linears, four tensors each";
+    for (const auto& item : sa) EXPECT_TRUE(torch::equal(item.value(), sb[item.key()])) << item.key();
+  }
+}
+
+TEST(CaptureCuda, Float8TensorwiseEqualsEager) { float8_replays_equal_eager_steps<amp::Tensorwise>(); }
+TEST(CaptureCuda, Float8DelayedEqualsEagerStateIncluded) { float8_replays_equal_eager_steps<amp::Delayed<16>>(); }
+#endif  // AMP_DETAIL_HAS_FLOAT8_MATMUL
 
 }  // namespace

@@ -4,9 +4,10 @@
 // detection of optimizer option changes, the in-place zeroing step, and
 // FusedStep::make_static, on which replaying a graph relies: static steps
 // equal ordinary fused steps bit for bit (skips included) while every state
-// tensor and counter stays the same object. The capture itself runs in
-// tests/cuda/capture_cuda_test.cc; on amp::CPU it does not compile
-// (tests/compile_fail/capture_on_cpu.cc).
+// tensor and counter stays the same object; with a recorder that replays
+// eagerly, captured steps equal eager ones (Float8 trainers included, on
+// LibTorch 2.8+). The CUDA graph itself runs in tests/capture_cuda_test.cc;
+// on amp::CPU trainer.capture() does not compile (tests/compile_fail/capture_on_cpu.cc).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -580,5 +581,52 @@ TEST_F(Emulated, EagerStepsBetweenReplays) {
   }
   expect_same(reference, mixed);
 }
+
+#if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
+// Float8 trainers: a captured step runs the policy's region with the recipe's
+// scales bound and, after the fused step, the recipe's update in place (delayed
+// scaling's new scales and rolled histories), so replays equal eager steps,
+// the recipe's state included. (CPU's _scaled_mm, LibTorch 2.8+.)
+template <class Recipe>
+void float8_replays_equal_eager() {
+  using T = amp::Trainer<amp::Float8<Recipe>, amp::CPU>;
+  auto make = [] {
+    torch::manual_seed(3);
+    return torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 16));
+  };
+  auto batch = [](int i) {
+    torch::manual_seed(900 + i);
+    return Pair{torch::randn({24, 16}), torch::randn({24, 16})};
+  };
+  auto fn_of = [](torch::nn::Sequential m) {
+    return [p = m.ptr()](auto&, const Pair& b) { return torch::mse_loss(p->forward(b.first).to(torch::kFloat), b.second); };
+  };
+  torch::nn::Sequential ma = make(), mb = make();
+  torch::optim::AdamW oa(ma->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW ob(mb->parameters(), torch::optim::AdamWOptions(1e-2));
+  T eager(ma, oa, amp::TrainerOptions().progress(false)), captured(mb, ob, amp::TrainerOptions().progress(false));
+  ASSERT_TRUE(captured.fused());
+  auto fa = fn_of(ma), fb = fn_of(mb);
+  amp::CapturedStep<T, decltype(fb), Pair, EagerRecorder> step(captured, fb, batch(0));
+  for (int i = 0; i < 12; ++i) {
+    const Pair b = batch(i);
+    const amp::StepResult e = eager.step([&](auto& region) { return fa(region, b); });
+    const amp::StepResult r = step(b);
+    EXPECT_TRUE(torch::equal(e.loss, r.loss)) << "step " << i;
+  }
+  EXPECT_EQ(captured.steps(), 12);
+  const auto pa = ma->parameters(), pb = mb->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+  if constexpr (!std::is_same_v<Recipe, amp::Tensorwise>) {
+    const auto sa = eager.float8_state().scaling().state_dict(), sb = captured.float8_state().scaling().state_dict();
+    ASSERT_EQ(sa.size(), 8u) << "two linears, four tensors each";
+    for (const auto& item : sa) EXPECT_TRUE(torch::equal(item.value(), sb[item.key()])) << item.key();
+    EXPECT_FALSE(torch::equal(sb["0.fwd_scale"], torch::ones({2}))) << "the replays updated the scales";
+  }
+}
+
+TEST_F(Emulated, Float8TensorwiseReplaysEqualEagerSteps) { float8_replays_equal_eager<amp::Tensorwise>(); }
+TEST_F(Emulated, Float8DelayedReplaysEqualEagerStepsStateIncluded) { float8_replays_equal_eager<amp::Delayed<4>>(); }
+#endif  // AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
 
 }  // namespace

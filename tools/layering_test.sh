@@ -20,7 +20,7 @@
 # distributed code (a Trainer user who never captures does not compile it).
 #   layering_test.sh [FLAGS_FILE]      (run from the repository root)
 set -u
-layers=(detail core optim scaler precision float8 train capture distributed umbrella)
+layers=(detail core precision scaler optim float8 train capture distributed umbrella)
 rank_of() {  # the layer rank of a path relative to include/ (amp/...)
   local rel=${1#amp/} name
   case "$rel" in

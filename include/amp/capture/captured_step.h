@@ -304,18 +304,15 @@ class CapturedStep {
 
   // One eager step of the captured kind: gradients zeroed in place (the graph
   // keeps writing the same tensors), forward under the policy's region, the
-  // Stepper's backward and fused step.
+  // Stepper's backward and fused step, a Float8 recipe's update (in place).
   StepResult run_step() {
     {
       std::vector<at::Tensor> grads = current_grads();
       if (!grads.empty()) at::_foreach_zero_(grads);
     }
-    at::Tensor loss;
-    {
-      typename TrainerT::region_type region = trainer_->make_region();
-      loss = fn_(region, inputs_.buffers());
-    }
-    return trainer_->stepper().step_on_zeroed(loss);
+    auto forward = [&](typename TrainerT::region_type& region) { return fn_(region, inputs_.buffers()); };
+    const at::Tensor loss = trainer_->forward(forward);
+    return trainer_->after_step(trainer_->stepper().step_on_zeroed(loss));
   }
 
   // The optimizer's parameters' gradients (those that have one).
@@ -395,9 +392,6 @@ template <class TrainerT>
 struct StepCapturer<TrainerT, void> {
   template <class F, class Batch>
   static CapturedStep<TrainerT, std::decay_t<F>, Batch> make(TrainerT& trainer, F&& fn, const Batch& example) {
-    TORCH_CHECK(!is_float8_v<typename TrainerT::policy>,
-                "amp: capture() does not take a Float8 trainer yet (its "
-                "recipe's state is not recorded in the graph); call trainer.step() per batch");
     return CapturedStep<TrainerT, std::decay_t<F>, Batch>(trainer, std::forward<F>(fn), example);
   }
 };

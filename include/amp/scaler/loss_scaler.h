@@ -14,10 +14,10 @@
 
 #include <map>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "amp/optim/fused.h"
 #include "amp/scaler/state_dict.h"
 #include "amp/scaler/detail/unscale.h"
 #include "amp/core/scaler_concept.h"
@@ -136,8 +136,10 @@ class LossScalerBase {
   // (Adam/AdamW/SGD with fused=True). Without unscale_ the gradients are only
   // checked (torch's _check_inf_per_device) and the kernel divides them by the
   // scale; after unscale_ they are taken as they are. The kernel skips the
-  // update when a gradient was inf/NaN. No host sync at all.
-  void step(torch::optim::Optimizer& optimizer, FusedStep& fused) {
+  // update when a gradient was inf/NaN. No host sync at all. (A template on
+  // FusedStep only: the optim layer, above this one, defines it.)
+  template <class Fused, std::enable_if_t<std::is_same_v<Fused, FusedStep>, int> = 0>
+  void step(torch::optim::Optimizer& optimizer, Fused& fused) {
     TORCH_CHECK(&fused.optimizer() == &optimizer,
                 "amp: step(optimizer, fused): `fused` was made for another optimizer; use FusedStep(optimizer)");
     if (!enabled_) {

@@ -246,6 +246,27 @@ class Trainer {
 
   // The region step() runs the forward in (the options' strict casts and linear routing).
   region_type make_region() const { return region_type(options_.strict_casts(), options_.linear_routing()); }
+  // step()'s two halves, for a caller that runs the Stepper itself (a
+  // captured step): the loss of fn(region) under the policy's region (and a
+  // Float8 recipe's scales), and what follows the Stepper's step (a Float8
+  // recipe's update: delayed scaling's new scales and history roll).
+  template <class F>
+  at::Tensor forward(F& fn) {
+    static_assert(std::is_invocable_v<F&, region_type&>,
+                  "amp: the step function must take the region: [&](auto& region) { return loss; }");
+    region_type region = make_region();
+    [[maybe_unused]] auto float8 = float8_.bind();
+    return fn(region);
+  }
+
+  StepResult after_step(StepResult r) {
+    if (r.boundary)
+      float8_.update([this](at::Tensor& amaxes) {
+        if (GradientSync* sync = stepper_.gradient_sync()) sync->reduce_max(amaxes);
+      });
+    return r;
+  }
+
   // Where the model's parameters are.
   c10::Device parameter_device() const { return module_->parameters().front().device(); }
 
@@ -291,16 +312,6 @@ class Trainer {
     return archive;
   }
 
-  // A Float8 recipe's state follows each optimizer step (delayed scaling's
-  // scales and history roll); nothing for other policies.
-  StepResult after_step(StepResult r) {
-    if (r.boundary)
-      float8_.update([this](at::Tensor& amaxes) {
-        if (GradientSync* sync = stepper_.gradient_sync()) sync->reduce_max(amaxes);
-      });
-    return r;
-  }
-
   // apply(), and on any failure the state from before it back.
   void apply_or_roll_back(torch::serialize::InputArchive& archive, const std::string& what) {
     std::stringstream before;
@@ -327,15 +338,6 @@ class Trainer {
     stepper_.set_steps(c.step);
     epoch_ = c.epoch;
     batch_in_epoch_ = c.batch_in_epoch;
-  }
-
-  template <class F>
-  at::Tensor forward(F& fn) {
-    static_assert(std::is_invocable_v<F&, region_type&>,
-                  "amp: the step function must take the region: [&](auto& region) { return loss; }");
-    region_type region = make_region();
-    [[maybe_unused]] auto float8 = float8_.bind();
-    return fn(region);
   }
 
   // Checks the model and optimizer and, for True<D>, converts the model: before
