@@ -4,7 +4,8 @@
 //     using P = typename decltype(policy)::type;  run<P>(); });
 //   amp::dispatch_precision<amp::CPU>("bf16-mixed", [](auto policy) { ... });
 //
-// all_policies lists every valid policy once; supported_policies<Device> is
+// all_policies lists every built-in policy once (Float8 with Delayed<>, TE's
+// defaults, for the delayed recipe); supported_policies<Device> is
 // computed from it with hana::filter over is_supported_v, so the per-device
 // lists follow the LibTorch version instead of being written by hand. Adding a
 // policy to all_policies adds it to every sweep, typed test and dispatch.

@@ -77,10 +77,9 @@ class DelayedScaling {
   int64_t track(torch::nn::Module& model, const std::string& prefix = "") {
     std::vector<std::pair<std::string, at::Tensor>> found;
     std::map<std::string, int> names;
-    for (const auto& item : model.named_modules()) {
-      auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
-      if (linear == nullptr || !fits(linear->weight)) continue;
-      found.emplace_back(prefix + (item.key().empty() ? std::string("linear") : item.key()), linear->weight);
+    for (const auto& [path, linear] : linears_of(model)) {
+      if (!fits(linear->weight)) continue;
+      found.emplace_back(prefix + path, linear->weight);
       check_new(found.back().first, found.back().second);
       TORCH_CHECK(names[found.back().first]++ == 0, "amp: two linears named ", found.back().first);
     }
@@ -217,18 +216,15 @@ inline at::Tensor delayed_linear(const at::Tensor& input, const at::Tensor& weig
 class DelayedLinearGuard {
  public:
   explicit DelayedLinearGuard(const DelayedScaling& scaling)
-      : prev_fn_(amp::detail::set_linear_fn(&detail::delayed_linear)), prev_(detail::current_delayed_scaling()) {
+      : fn_(&detail::delayed_linear), prev_(detail::current_delayed_scaling()) {
     detail::current_delayed_scaling() = &scaling;
   }
-  ~DelayedLinearGuard() {
-    detail::current_delayed_scaling() = prev_;
-    amp::detail::set_linear_fn(prev_fn_);
-  }
+  ~DelayedLinearGuard() { detail::current_delayed_scaling() = prev_; }
   DelayedLinearGuard(const DelayedLinearGuard&) = delete;
   DelayedLinearGuard& operator=(const DelayedLinearGuard&) = delete;
 
  private:
-  amp::detail::LinearFn prev_fn_;
+  amp::detail::LinearFnGuard fn_;
   const DelayedScaling* prev_;
 };
 

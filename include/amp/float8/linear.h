@@ -16,8 +16,12 @@
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "amp/detail/compat_float8.h"
@@ -32,6 +36,17 @@ namespace float8 {
 // multiples of 16. Others stay in the region's 16-bit dtype (torchao's filter).
 inline bool fits(const at::Tensor& weight) {
   return weight.dim() == 2 && weight.size(0) % 16 == 0 && weight.size(1) % 16 == 0;
+}
+
+// Every torch::nn::Linear in `model`, with its module path ("linear" for a
+// model that is one), in named_modules() order.
+inline std::vector<std::pair<std::string, torch::nn::LinearImpl*>> linears_of(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::nn::LinearImpl*>> out;
+  for (const auto& item : model.named_modules()) {
+    if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get()))
+      out.emplace_back(item.key().empty() ? std::string("linear") : item.key(), linear);
+  }
+  return out;
 }
 
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
@@ -156,13 +171,10 @@ inline at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
 // LinearFn comes back after.
 class LinearGuard {
  public:
-  LinearGuard() : prev_(amp::detail::set_linear_fn(&float8::linear)) {}
-  ~LinearGuard() { amp::detail::set_linear_fn(prev_); }
-  LinearGuard(const LinearGuard&) = delete;
-  LinearGuard& operator=(const LinearGuard&) = delete;
+  LinearGuard() : fn_(&float8::linear) {}
 
  private:
-  amp::detail::LinearFn prev_;
+  amp::detail::LinearFnGuard fn_;
 };
 
 #endif  // AMP_DETAIL_HAS_FLOAT8_MATMUL

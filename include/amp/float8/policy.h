@@ -42,10 +42,7 @@ struct Coverage {
 
 inline Coverage coverage(const torch::nn::Module& model) {
   Coverage out;
-  for (const auto& item : model.named_modules()) {
-    const auto* linear = dynamic_cast<const torch::nn::LinearImpl*>(item.value().get());
-    if (linear == nullptr) continue;
-    const std::string name = item.key().empty() ? std::string("linear") : item.key();
+  for (const auto& [name, linear] : linears_of(model)) {
     const at::Tensor& w = linear->weight;
     if (fits(w)) {
       out.converted.push_back(name);
@@ -173,13 +170,7 @@ struct Float8RegionGuard<Tensorwise> {
 // first fitting linear.
 template <int H, int M>
 struct Float8RegionGuard<Delayed<H, M>> {
-  Float8RegionGuard() : prev_(set_linear_fn(&float8::detail::delayed_linear)) {}
-  ~Float8RegionGuard() { set_linear_fn(prev_); }
-  Float8RegionGuard(const Float8RegionGuard&) = delete;
-  Float8RegionGuard& operator=(const Float8RegionGuard&) = delete;
-
- private:
-  LinearFn prev_;
+  LinearFnGuard guard{&float8::detail::delayed_linear};
 };
 
 }  // namespace detail

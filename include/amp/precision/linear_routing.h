@@ -25,10 +25,10 @@
 // and bitwise what the unrouted addmm/matmul compute for one call). With a
 // LinearFn of its own (float8), the bias that F::linear adds after a routed
 // matmul (input of more than 2 dims) is cast to the output's dtype first, as
-// that LinearFn adds a bias (aten::add_ has a kernel for that one call). Only the
-// ops user code calls itself are seen (the key is excluded while a kernel
-// runs); nothing is routed inside autocast's kernels, where autocast is off
-// (full_precision), or inside backward. README "Linear routing" has the
+// that LinearFn adds a bias (aten::add_ has a kernel for that one call, from
+// the first LinearFn on). Only the ops user code calls itself are seen (the
+// key is excluded while a kernel runs); nothing is routed inside autocast's
+// kernels, where autocast is off (full_precision), or inside backward. README "Linear routing" has the
 // coverage (Bilinear, RNN cells, MultiheadAttention) and what stays different.
 #pragma once
 
@@ -89,12 +89,27 @@ inline LinearRoutingState& linear_routing_state() {
   return state;
 }
 
+void register_bias_cast_kernel();
+
 // This thread's LinearFn (null: at::linear); returns the previous one.
 inline LinearFn set_linear_fn(LinearFn fn) {
+  if (fn != nullptr) register_bias_cast_kernel();
   LinearFn prev = linear_routing_state().fn;
   linear_routing_state().fn = fn;
   return prev;
 }
+
+// RAII: this thread's LinearFn is `fn` while it lives; the previous one comes back after.
+class LinearFnGuard {
+ public:
+  explicit LinearFnGuard(LinearFn fn) : prev_(set_linear_fn(fn)) {}
+  ~LinearFnGuard() { set_linear_fn(prev_); }
+  LinearFnGuard(const LinearFnGuard&) = delete;
+  LinearFnGuard& operator=(const LinearFnGuard&) = delete;
+
+ private:
+  LinearFn prev_;
+};
 
 // The weight w if t is exactly w.t() for a 2-D leaf w that requires grad (a
 // parameter: what autocast caches), else an undefined tensor.
@@ -188,7 +203,17 @@ inline void register_linear_routing_kernels() {
     kernels.impl("addmm", TORCH_FN(routed_addmm));
     kernels.impl("matmul", TORCH_FN(routed_matmul));
     kernels.impl("linear", TORCH_FN(routed_linear));
-    kernels.impl("add_.Tensor", TORCH_FN(routed_add_));
+    return true;
+  }();
+  (void)registered;
+}
+
+// routed_add_, registered once per process when a LinearFn is first
+// installed: until then every add_ in a routing region falls through.
+inline void register_bias_cast_kernel() {
+  static const bool registered = [] {
+    static torch::Library kernel(torch::Library::IMPL, "aten", kLinearRoutingKey, __FILE__, __LINE__);
+    kernel.impl("add_.Tensor", TORCH_FN(routed_add_));
     return true;
   }();
   (void)registered;
