@@ -599,7 +599,9 @@ void float8_replays_equal_eager() {
     return Pair{torch::randn({24, 16}), torch::randn({24, 16})};
   };
   auto fn_of = [](torch::nn::Sequential m) {
-    return [p = m.ptr()](auto&, const Pair& b) { return torch::mse_loss(p->forward(b.first).to(torch::kFloat), b.second); };
+    return [p = m.ptr()](auto&, const Pair& b) {
+      return torch::mse_loss(p->forward(b.first).to(torch::kFloat), b.second);
+    };
   };
   torch::nn::Sequential ma = make(), mb = make();
   torch::optim::AdamW oa(ma->parameters(), torch::optim::AdamWOptions(1e-2));
