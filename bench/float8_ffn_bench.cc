@@ -24,6 +24,7 @@
 #include <string>
 
 #include "cuda_syncs.h"
+#include "ffn_block.h"
 
 #ifdef AMP_LIBTORCH_HAS_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -35,21 +36,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
 
-struct FfnImpl : torch::nn::Module {
-  explicit FfnImpl(int64_t d)
-      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
-        up(register_module("up", torch::nn::Linear(d, 4 * d))),
-        down(register_module("down", torch::nn::Linear(4 * d, d))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return x + down(torch::gelu(up(norm(x)))); }
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear up, down;
-};
-TORCH_MODULE(Ffn);
-
 torch::nn::Sequential ffn_blocks(int64_t d, int blocks, torch::Device device) {
   torch::manual_seed(0);
   torch::nn::Sequential m;
-  for (int i = 0; i < blocks; ++i) m->push_back(Ffn(d));
+  for (int i = 0; i < blocks; ++i) m->push_back(amp_bench::FfnBlock(d));
   m->to(device);
   return m;
 }

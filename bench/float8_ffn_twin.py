@@ -9,14 +9,13 @@ AdamW(fused=True), the same shapes, warm-up and timing; host syncs per step
 """
 import os
 import sys
-import time
-import warnings
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
 from float8_twin import Delayed, fp8_linear  # noqa: E402  the recipe the parity check holds amp to
+from twin_timing import best_steps_per_s, syncs_per_step  # noqa: E402
 
 
 class Ffn(torch.nn.Module):
@@ -52,29 +51,10 @@ def bench(name, recipe, d, blocks, tokens, steps, rounds, device):
         if fp8:
             fp8.update()
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    for _ in range(3):
-        step()
-    sync()
-    best = 0.0
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        sync()
-        best = max(best, steps / (time.perf_counter() - t0))
+    best = best_steps_per_s(step, steps, rounds, warmup=3, cuda=cuda)
     line = f"python {name}: {best:.2f} steps/s (best of {rounds} rounds of {steps})"
     if cuda:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode(1)
-            for _ in range(5):
-                step()
-            torch.cuda.set_sync_debug_mode(0)
-        syncs = sum(1 for w in caught if "synchroniz" in str(w.message)) / 5
+        syncs = syncs_per_step(step, 5)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         step()

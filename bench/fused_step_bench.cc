@@ -25,21 +25,11 @@
 #include <utility>
 
 #include "cuda_syncs.h"
+#include "ffn_block.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct FfnBlockImpl : torch::nn::Module {
-  explicit FfnBlockImpl(int64_t d)
-      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
-        up(register_module("up", torch::nn::Linear(d, 4 * d))),
-        down(register_module("down", torch::nn::Linear(4 * d, d))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return x + down(torch::gelu(up(norm(x)))); }
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear up, down;
-};
-TORCH_MODULE(FfnBlock);
 
 torch::nn::Sequential launch_bound() {
   torch::nn::Sequential m;
@@ -51,7 +41,7 @@ torch::nn::Sequential launch_bound() {
 }
 torch::nn::Sequential compute_bound() {
   torch::nn::Sequential m;
-  for (int i = 0; i < 4; ++i) m->push_back(FfnBlock(2048));
+  for (int i = 0; i < 4; ++i) m->push_back(amp_bench::FfnBlock(2048));
   return m;
 }
 torch::nn::Sequential cpu_mlp() {

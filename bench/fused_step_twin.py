@@ -5,10 +5,9 @@ syncs per step counted with torch.cuda.set_sync_debug_mode(1).
 
     python3 bench/fused_step_twin.py
 """
-import time
-import warnings
-
 import torch
+
+from twin_timing import best_steps_per_s, syncs_per_step
 
 
 class Ffn(torch.nn.Module):
@@ -47,23 +46,8 @@ def bench(name, make, dtype, scaled, rows, width, steps, rounds):
         scaler.step(opt)
         scaler.update()
 
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    best = 0.0
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-        best = max(best, steps / (time.perf_counter() - t0))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode(1)
-        for _ in range(20):
-            step()
-        torch.cuda.set_sync_debug_mode(0)
-    syncs = sum(1 for w in caught if "synchroniz" in str(w.message)) / 20
+    best = best_steps_per_s(step, steps, rounds, warmup=5)
+    syncs = syncs_per_step(step, 20)
     print(f"python {name}: {best:.1f} steps/s (best of {rounds} rounds of {steps}), {syncs:g} syncs/step")
 
 
