@@ -28,8 +28,9 @@
 // that LinearFn adds a bias (aten::add_ has a kernel for that one call, from
 // the first LinearFn on). Only the ops user code calls itself are seen (the
 // key is excluded while a kernel runs); nothing is routed inside autocast's
-// kernels, where autocast is off (full_precision), or inside backward. README "Linear routing" has the
-// coverage (Bilinear, RNN cells, MultiheadAttention) and what stays different.
+// kernels, where autocast is off (full_precision), or inside backward.
+// README "Linear routing" has the coverage (Bilinear, RNN cells,
+// MultiheadAttention) and what stays different.
 #pragma once
 
 #include <ATen/core/Tensor.h>
