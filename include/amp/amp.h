@@ -17,6 +17,10 @@
 #include "amp/core/scaler_concept.h"
 // optim, scaler
 #include "amp/optim/fused.h"
+#include "amp/optim/low_bit_adam.h"
+#include "amp/optim/quantized_state.h"
+#include "amp/optim/state_bytes.h"
+#include "amp/optim/supports_amp_scaling.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/scaler/no_scaler.h"
 #include "amp/scaler/state_dict.h"

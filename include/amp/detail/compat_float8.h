@@ -10,6 +10,11 @@
 
 #include "amp/version.h"
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define AMP_DETAIL_HAS_FLOAT8_DTYPE 1
+#else
+#define AMP_DETAIL_HAS_FLOAT8_DTYPE 0
+#endif
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
 #define AMP_DETAIL_HAS_FLOAT8_MATMUL 1
 #else
@@ -25,9 +30,11 @@ namespace amp {
 namespace detail {
 namespace compat {
 
+inline constexpr bool kHasFloat8Dtype = AMP_DETAIL_HAS_FLOAT8_DTYPE;  // at::kFloat8_e4m3fn (fp8 optimizer states)
 inline constexpr bool kHasFloat8Matmul = AMP_DETAIL_HAS_FLOAT8_MATMUL;
 inline constexpr bool kCpuHasScaledMm = AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL;
-static_assert(kHasFloat8Matmul == libtorch_at_least(2, 5) && kCpuHasScaledMm == libtorch_at_least(2, 8),
+static_assert(kHasFloat8Dtype == libtorch_at_least(2, 1) && kHasFloat8Matmul == libtorch_at_least(2, 5) &&
+                  kCpuHasScaledMm == libtorch_at_least(2, 8),
               "amp: compat_float8.h's float8 switches disagree with version.h");
 
 }  // namespace compat

@@ -1,6 +1,7 @@
 // amp/optim/fused.h: FusedStep, one step of a user's torch::optim::Adam, AdamW
 // or SGD with ATen's fused kernels, GradScaler's grad_scale/found_inf inside,
-// no host sync.
+// no host sync; or one of an amp::SupportsAmpScaling optimizer (the low-bit
+// Adams of optim/low_bit_adam.h), through its own step_scaled().
 //
 //   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
 //   amp::FusedStep fused(optimizer);      // throws "amp: ..." where no fused kernel serves it
@@ -50,6 +51,8 @@ class FusedStep {
     kind_ = detail::fused::kind_of_class(optimizer);
     TORCH_CHECK(kind_ != FusedKind::kNone,
                 "amp: FusedStep: ", detail::fused::unsupported_reason(optimizer, c10::DeviceType::CPU, &kind_));
+    own_ = dynamic_cast<SupportsAmpScaling*>(&optimizer);
+    if (own_ != nullptr) return;  // kOptimizer: its step_scaled() checks its parameters
     for (const auto& group : optimizer.param_groups())
       for (const auto& p : group.params()) check_device(p.device().type());
   }
@@ -74,6 +77,10 @@ class FusedStep {
   void step(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
     detail::fused::check_flag(grad_scale, "grad_scale");
     detail::fused::check_flag(found_inf, "found_inf");
+    if (own_ != nullptr) {
+      own_->step_scaled(grad_scale, found_inf);
+      return;
+    }
     at::NoGradGuard no_grad;
     // Everything is checked and gathered before the first kernel runs, so
     // that an error leaves the parameters as they were.
@@ -163,6 +170,11 @@ class FusedStep {
   // same kernels on the same tensors, which a CUDA graph of the step needs
   // (amp/capture/captured_step.h). Until reload_optimizer_state().
   void make_static() {
+    if (own_ != nullptr) {
+      own_->make_state();  // its steps update the state in place
+      static_ = true;
+      return;
+    }
     at::NoGradGuard no_grad;
     std::vector<detail::fused::Call> calls;
     for (size_t g = 0; g < optimizer_->param_groups().size(); ++g) gather(g, /*has_found_inf=*/true, calls);
@@ -241,6 +253,7 @@ class FusedStep {
                      has_found_inf, g, i, calls);
           break;
         case FusedKind::kNone:
+        case FusedKind::kOptimizer:
           break;
       }
     }
@@ -395,6 +408,7 @@ class FusedStep {
   torch::optim::Optimizer* optimizer_;
   FusedKind kind_ = FusedKind::kNone;
   std::vector<c10::DeviceType> devices_;  // devices checked by fused_kind's rules
+  SupportsAmpScaling* own_ = nullptr;     // kOptimizer: the optimizer's own step_scaled()
   std::unordered_map<c10::TensorImpl*, Record> records_;
   std::vector<std::pair<c10::TensorImpl*, detail::compat::OptimStateKey>>
       made_;             // entries made by the step in progress

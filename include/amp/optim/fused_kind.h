@@ -1,12 +1,13 @@
 // amp/optim/fused_kind.h: FusedKind, which of ATen's fused optimizer kernels
-// serves an optimizer (amp::fused_kind in optim/fused.h decides).
+// serves an optimizer, or kOptimizer for one that takes grad_scale/found_inf
+// itself (optim/supports_amp_scaling.h); amp::fused_kind in optim/fused.h decides.
 //
 //   if (amp::fused_kind(optimizer, c10::DeviceType::CPU) != amp::FusedKind::kNone) { ... }
 #pragma once
 
 namespace amp {
 
-enum class FusedKind { kNone, kAdam, kAdamW, kSGD };
+enum class FusedKind { kNone, kAdam, kAdamW, kSGD, kOptimizer };
 
 inline const char* fused_kind_name(FusedKind kind) {
   switch (kind) {
@@ -16,6 +17,8 @@ inline const char* fused_kind_name(FusedKind kind) {
       return "AdamW";
     case FusedKind::kSGD:
       return "SGD";
+    case FusedKind::kOptimizer:
+      return "the optimizer's own";
     case FusedKind::kNone:
       break;
   }

@@ -44,14 +44,17 @@
 
 #include "amp/detail/compat.h"
 #include "amp/optim/fused_kind.h"
+#include "amp/optim/supports_amp_scaling.h"
 
 namespace amp {
 namespace detail {
 
 namespace fused {
 
-// The optimizer's own class (exactly: a subclass may override step()).
+// The optimizer's own class (exactly: a subclass may override step()), or
+// kOptimizer for one that takes grad_scale/found_inf itself.
 inline FusedKind kind_of_class(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const SupportsAmpScaling*>(&optimizer) != nullptr) return FusedKind::kOptimizer;
   const std::type_info& type = typeid(optimizer);
   if (type == typeid(torch::optim::Adam)) return FusedKind::kAdam;
   if (type == typeid(torch::optim::AdamW)) return FusedKind::kAdamW;
@@ -96,9 +99,11 @@ inline std::string unsupported_reason(const torch::optim::Optimizer& optimizer, 
                                       FusedKind* kind) {
   *kind = kind_of_class(optimizer);
   if (*kind == FusedKind::kNone) {
-    return "ATen has fused steps for torch::optim::Adam, AdamW and SGD only; this optimizer is a " +
+    return "ATen has fused steps for torch::optim::Adam, AdamW and SGD only (and amp for an "
+           "amp::SupportsAmpScaling optimizer); this optimizer is a " +
            c10::demangle(typeid(optimizer).name());
   }
+  if (*kind == FusedKind::kOptimizer) return "";  // its own step_scaled(), on any device
   const compat::FusedOp op = op_of(*kind);
   const std::string where = c10::DeviceTypeName(device);
   const std::string version = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
