@@ -227,7 +227,7 @@ TEST(StepOnZeroed, EqualsStep) {
 
 // --- FusedStep::make_static -------------------------------------------------
 
-enum class Opt { kAdam, kAdamW, kSgd, kSgdDampened };
+enum class Opt { kAdam, kAdamW, kSgd, kSgdDampened, kAdamW8bit };
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt o, const std::vector<at::Tensor>& params) {
   switch (o) {
@@ -239,6 +239,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt o, const std::vector
       return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
     case Opt::kSgdDampened:
       return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9).dampening(0.5));
+    case Opt::kAdamW8bit:  // amp's own sync-free step (optim/low_bit_adam.h)
+      return std::make_unique<amp::AdamW8bit>(params, torch::optim::AdamWOptions(1e-2));
   }
   return nullptr;
 }
@@ -483,6 +485,10 @@ TEST_F(Emulated, ReplaysEqualEagerFusedStepsFp16SgdWithInfAndClipping) {
 }
 TEST_F(Emulated, ReplaysEqualEagerFusedStepsFp16AdamWWithInf) { replays_equal_eager<Scaled16>(Opt::kAdamW); }
 TEST_F(Emulated, ReplaysEqualEagerFusedStepsTrueFp32Sgd) { replays_equal_eager<amp::True<amp::fp32>>(Opt::kSgd); }
+// A low-bit optimizer's own step_scaled() (FusedKind::kOptimizer), skips and clipping included.
+TEST_F(Emulated, ReplaysEqualEagerLowBitStepsFp16AdamW8bitWithInfAndClipping) {
+  replays_equal_eager<Scaled16>(Opt::kAdamW8bit, amp::TrainerOptions().max_grad_norm(0.5));
+}
 
 TEST_F(Emulated, AnotherShapeOrAnOptionChangeIsAnErrorUntilRecapture) {
   using P = Scaled16;
