@@ -23,6 +23,14 @@
 // (sweep.csv -> sweep.summary.csv), and a gnuplot PNG (--plot) of loss per
 // step, loss per wall-clock second, steps/s and peak memory per policy, and
 // the loss scale of scaled policies.
+//
+// --optimizer picks the optimizer of every run: adamw (default, LibTorch's
+// torch::optim::AdamW) or amp's low-bit AdamW with the same options and
+// 8-bit, 4-bit or fp8 optimizer states (adamw8bit, adamw4bit, adamwfp8; fp8
+// needs LibTorch 2.1 or newer); --bf16-stochastic-round rounds a low-bit
+// optimizer's update to bf16 parameters stochastically (for bf16-true). The
+// table's "state B/param" column (state_bytes_per_param in the summary CSV)
+// is the optimizer's state bytes per parameter after training: AdamW's is 8.
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
@@ -36,7 +44,9 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -58,6 +68,8 @@ struct Config {
   int64_t seed = 42;
   int64_t hidden = 1024;  // 4096 on CUDA unless --hidden
   std::string csv, plot;
+  std::string optimizer = "adamw";     // adamw, adamw8bit, adamw4bit, adamwfp8
+  bool bf16_stochastic_round = false;  // the low-bit optimizers' LowBitOptions
 };
 
 // The synthetic task: inputs x ~ N(0, 1) in 256 dims, labels = argmax of a
@@ -118,6 +130,7 @@ double peak_memory_mib(bool cuda) {
 struct Row {
   std::string name;
   double final_loss = 0, accuracy = 0, steps_per_s = 0, peak_mib = 0, scale = 1;
+  double state_bytes_per_param = 0;  // the optimizer's state bytes / parameters, after training
   int64_t skipped = 0;
   bool scaled = false;
   bool diverged = false;  // non-finite loss in the last steps, or non-finite weights
@@ -139,6 +152,29 @@ Mlp make_model(const Config& cfg, torch::Device device) {
 double adam_eps(c10::ScalarType param_dtype) { return param_dtype == torch::kHalf ? 1e-4 : 1e-8; }
 torch::optim::AdamWOptions optimizer_options(double eps) {
   return torch::optim::AdamWOptions(1e-3).weight_decay(0.0).eps(eps);
+}
+// --optimizer's class name, as the table and the plot show it.
+std::string optimizer_name(const Config& cfg) {
+  if (cfg.optimizer == "adamw8bit") return "AdamW8bit";
+  if (cfg.optimizer == "adamw4bit") return "AdamW4bit";
+  if (cfg.optimizer == "adamwfp8") return "AdamWFp8";
+  return "AdamW";
+}
+// The optimizer of every run, timed or warm-up: --optimizer's, with the same
+// AdamW options whatever its state format.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& cfg, Mlp& model, double eps) {
+  const auto low_bit = amp::LowBitOptions().bf16_stochastic_round(cfg.bf16_stochastic_round);
+  if (cfg.optimizer == "adamw")
+    return std::make_unique<torch::optim::AdamW>(model->parameters(), optimizer_options(eps));
+  if (cfg.optimizer == "adamw8bit")
+    return std::make_unique<amp::AdamW8bit>(model->parameters(), optimizer_options(eps), low_bit);
+  if (cfg.optimizer == "adamw4bit")
+    return std::make_unique<amp::AdamW4bit>(model->parameters(), optimizer_options(eps), low_bit);
+#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+  if (cfg.optimizer == "adamwfp8")
+    return std::make_unique<amp::AdamWFp8>(model->parameters(), optimizer_options(eps), low_bit);
+#endif
+  throw std::invalid_argument("amp: --optimizer=" + cfg.optimizer + " is not available in this build");
 }
 amp::TrainerOptions trainer_options() { return amp::TrainerOptions().max_grad_norm(1.0); }
 torch::Tensor loss_of(Mlp& model, const Batch& batch) {
@@ -168,8 +204,8 @@ Row run_policy(const Config& cfg, const Task& task, torch::Device device) {
   // timed run below pays no first-call costs and still starts from the seed.
   if (cfg.warmup > 0) {
     Mlp model = make_model(cfg, device);
-    torch::optim::AdamW optimizer(model->parameters(), optimizer_options(row.eps));
-    Trainer trainer(model, optimizer, trainer_options());
+    auto optimizer = make_optimizer(cfg, model, row.eps);
+    Trainer trainer(model, *optimizer, trainer_options());
     for (int64_t i = 0; i < cfg.warmup; ++i)
       trainer.step([&](Region&) { return loss_of(model, batches[static_cast<size_t>(i) % batches.size()]); });
     if (cuda) torch::cuda::synchronize();
@@ -177,8 +213,8 @@ Row run_policy(const Config& cfg, const Task& task, torch::Device device) {
 
   torch::manual_seed(cfg.seed);  // same initial weights for every policy
   Mlp model = make_model(cfg, device);
-  torch::optim::AdamW optimizer(model->parameters(), optimizer_options(row.eps));
-  Trainer trainer(model, optimizer, trainer_options());
+  auto optimizer = make_optimizer(cfg, model, row.eps);
+  Trainer trainer(model, *optimizer, trainer_options());
 
   if (cuda) torch::cuda::synchronize();
   reset_peak_memory(cuda);
@@ -192,6 +228,8 @@ Row run_policy(const Config& cfg, const Task& task, torch::Device device) {
   row.steps_per_s = static_cast<double>(row.history.steps.size()) / secs;
   row.skipped = row.history.skipped();
   row.scale = trainer.scaler().get_scale();
+  row.state_bytes_per_param = static_cast<double>(amp::optimizer_state_bytes(*optimizer)) /
+                              static_cast<double>(amp::parameter_count(*optimizer));
   // Mean loss of the last 10 steps: less noisy than the last batch alone, and
   // non-finite if any of them is.
   const auto& h = row.history.steps;
@@ -217,29 +255,37 @@ const Row* baseline(const std::vector<Row>& rows) {
   return nullptr;
 }
 
+// The optimizer in the table's and the plot's title, where it is not the default AdamW.
+std::string optimizer_note(const Config& cfg) {
+  if (cfg.optimizer == "adamw") return "";
+  return "; " + optimizer_name(cfg) + (cfg.bf16_stochastic_round ? " with bf16 stochastic rounding" : "");
+}
+
 void print_table(const std::vector<Row>& rows, const Config& cfg) {
   const Row* base = baseline(rows);
   std::cout << "\nprecision sweep on " << cfg.device << " (LibTorch " << amp::kLibTorchMajor << "."
             << amp::kLibTorchMinor << "; MLP " << Task::kIn << "-" << cfg.hidden << "-" << cfg.hidden << "-"
-            << Task::kClasses << ", batch " << cfg.batch_size << ")\n";
+            << Task::kClasses << ", batch " << cfg.batch_size << optimizer_note(cfg) << ")\n";
   std::cout << std::left << std::setw(17) << "precision" << std::right << std::setw(11) << "final loss" << std::setw(10)
             << "accuracy" << std::setw(9) << "steps/s" << std::setw(10) << "speedup" << std::setw(13) << "peak memory"
-            << std::setw(9) << "skipped" << std::setw(12) << "loss scale"
+            << std::setw(9) << "skipped" << std::setw(12) << "loss scale" << std::setw(15) << "state B/param"
             << "\n";
-  std::cout << std::string(91, '-') << "\n";
+  std::cout << std::string(106, '-') << "\n";
   std::ostringstream notes;
   bool any_diverged = false;
   for (const auto& r : rows) {
     if (!r.error.empty()) {
       std::cout << std::left << std::setw(17) << r.name << std::right << std::setw(11) << "failed" << std::setw(10)
                 << "-" << std::setw(9) << "-" << std::setw(10) << "-" << std::setw(13) << "-" << std::setw(9) << "-"
-                << std::setw(12) << "-"
+                << std::setw(12) << "-" << std::setw(15) << "-"
                 << "\n";
       notes << "(failed: " << r.name << ": " << r.error << ")\n";
       continue;
     }
     any_diverged = any_diverged || r.diverged;
-    if (r.eps != 1e-8) notes << "(" << r.name << ": AdamW eps " << r.eps << ", since torch's 1e-8 is 0 in fp16)\n";
+    if (r.eps != 1e-8)
+      notes << "(" << r.name << ": " << optimizer_name(cfg) << " eps " << r.eps
+            << ", since torch's 1e-8 is 0 in fp16)\n";
     std::ostringstream loss, acc, speed, mem, scale;
     if (r.diverged) {
       loss << "diverged";
@@ -261,7 +307,7 @@ void print_table(const std::vector<Row>& rows, const Config& cfg) {
     std::cout << std::left << std::setw(17) << r.name << std::right << std::setw(11) << loss.str() << std::setw(10)
               << acc.str() << std::setw(9) << std::fixed << std::setprecision(2) << r.steps_per_s << std::setw(10)
               << speed.str() << std::setw(13) << mem.str() << std::setw(9) << r.skipped << std::setw(12) << scale.str()
-              << "\n";
+              << std::setw(15) << std::fixed << std::setprecision(2) << r.state_bytes_per_param << "\n";
   }
   std::cout << "(steps/s: " << cfg.steps << " timed steps after " << cfg.warmup << " untimed warm-up steps"
             << (cfg.device == "cuda" ? ", CUDA synchronized around the timing" : "") << "; speedup: "
@@ -269,7 +315,8 @@ void print_table(const std::vector<Row>& rows, const Config& cfg) {
             << "; peak memory: "
             << (cfg.device == "cuda" ? "CUDA allocator peak, the training batches on the device included"
                                      : "process peak RSS during the run")
-            << ")\n";
+            << "; state B/param: bytes of " << optimizer_name(cfg)
+            << "'s state tensors per parameter after training)\n";
   if (any_diverged)
     std::cout << "(diverged: NaN/inf in the last 10 losses or in the weights; its loss, accuracy and speedup mean "
                  "nothing, and it is never the speed baseline)\n";
@@ -299,11 +346,12 @@ void write_summary(const std::vector<Row>& rows, const std::string& path) {
   std::ofstream out(path);
   if (!out) throw std::runtime_error("amp: cannot write summary file " + path);
   const Row* base = baseline(rows);
-  out << "precision,final_loss,accuracy,steps_per_s,speedup,peak_mib,skipped,scale,diverged\n";
+  out << "precision,final_loss,accuracy,steps_per_s,speedup,peak_mib,skipped,scale,diverged,state_bytes_per_param\n";
   for (const auto& r : rows) {
     out << r.name << "," << r.final_loss << "," << r.accuracy << "," << r.steps_per_s << ",";
     if (base && !r.diverged) out << r.steps_per_s / base->steps_per_s;
-    out << "," << r.peak_mib << "," << r.skipped << "," << r.scale << "," << (r.diverged ? 1 : 0) << "\n";
+    out << "," << r.peak_mib << "," << r.skipped << "," << r.scale << "," << (r.diverged ? 1 : 0) << ","
+        << r.state_bytes_per_param << "\n";
   }
   std::cout << "per-policy summary: " << path << "\n";
 }
@@ -326,8 +374,8 @@ void write_plot(const std::vector<Row>& rows, const Config& cfg, const std::stri
      << "set terminal pngcairo size 1200," << (any_scaled ? 1150 : 820) << " noenhanced font ',10'\n"
      << "set output '" << png << "'\n"
      << "set multiplot title 'amp precision sweep on " << cfg.device << ": MLP " << Task::kIn << "-" << cfg.hidden
-     << "-" << cfg.hidden << "-" << Task::kClasses << ", batch " << cfg.batch_size << ", " << cfg.steps
-     << " timed steps after " << cfg.warmup << " warm-up steps per policy'\n"
+     << "-" << cfg.hidden << "-" << Task::kClasses << ", batch " << cfg.batch_size << optimizer_note(cfg) << ", "
+     << cfg.steps << " timed steps after " << cfg.warmup << " warm-up steps per policy'\n"
      << "set grid\n";
   // Panels in rows under the title band; the loss-scale row is the lowest.
   const std::vector<double> heights =
@@ -475,7 +523,25 @@ int main(int argc, char** argv) {
       "write per-step metrics (precision,step,epoch,loss,scale,skipped,seconds) here, and per-policy results "
       "next to it (sweep.csv -> sweep.summary.csv)");
   app.add_option("--plot", cfg.plot, "render loss, throughput, memory and loss-scale panels to this PNG with gnuplot");
+  app.add_option("--optimizer", cfg.optimizer,
+                 "optimizer of every run: adamw (default, torch::optim::AdamW), or amp's AdamW with 8-bit, 4-bit "
+                 "or fp8 states: adamw8bit, adamw4bit, adamwfp8 (LibTorch >= 2.1)")
+      ->check(CLI::IsMember({"adamw", "adamw8bit", "adamw4bit", "adamwfp8"}));
+  app.add_flag("--bf16-stochastic-round", cfg.bf16_stochastic_round,
+               "low-bit optimizers: round the update to bf16 parameters stochastically (bf16-true)");
   CLI11_PARSE(app, argc, argv);
+  if (cfg.optimizer == "adamwfp8" && !AMP_DETAIL_HAS_FLOAT8_DTYPE) {
+    std::cerr << "amp: --optimizer=adamwfp8 needs fp8 dtypes (float8_e4m3fn, LibTorch 2.1 or newer), but this is "
+                 "LibTorch "
+              << amp::kLibTorchMajor << "." << amp::kLibTorchMinor
+              << "; use --optimizer=adamw8bit (the same state bytes per parameter)\n";
+    return 2;
+  }
+  if (cfg.bf16_stochastic_round && cfg.optimizer == "adamw") {
+    std::cerr << "amp: --bf16-stochastic-round is an option of the low-bit optimizers (--optimizer=adamw8bit, "
+                 "adamw4bit or adamwfp8); torch::optim::AdamW has none\n";
+    return 2;
+  }
   // On CUDA a model big enough for tensor cores to show (on an H100 a batch of
   // 1024 is still bound by launches and per-step syncs), unless the user chose.
   if (cfg.device == "cuda") {

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -128,6 +129,36 @@ TEST(QuantizedStateCodes, BlocksScaleIndependentlyAndZeroBlocksStayZero) {
   EXPECT_FLOAT_EQ(back[300].item<float>(), 1e-3f);
   EXPECT_EQ(back.slice(0, 512, 768).abs().max().item<float>(), 0.f);
   EXPECT_NEAR(back[0].item<float>(), -3.f, 3.f * 0.02f);
+}
+
+// The CPU pass (one loop per block) gives the bits of torchao's tensor ops,
+// on random blocks, exact map entries and midpoints, zeros, -0, inf and NaN.
+TEST(QuantizedStateCodes, CpuPassEqualsTheTensorOps) {
+  namespace lb = amp::detail::lowbit;
+  torch::manual_seed(11);
+  for (StateFormat f : {StateFormat::kInt8, StateFormat::kInt4}) {
+    const bool four = f == StateFormat::kInt4;
+    for (bool is_signed : {true, false}) {
+      const at::Tensor map = lb::qmap(f, is_signed, at::kCPU);
+      const int64_t bs = four ? 128 : 256;
+      at::Tensor x = torch::randn({8 * bs}) * torch::rand({8 * bs}).pow(6) * 3;
+      if (!is_signed) x = x.abs();
+      x.slice(0, bs, 2 * bs).copy_(map.repeat(bs / map.numel()));  // exact entries
+      const at::Tensor mid = (map.slice(0, 0, -1) + map.slice(0, 1)) * 0.5;
+      x.slice(0, 2 * bs, 2 * bs + mid.numel()).copy_(mid);  // midpoints (the max of block 2 is below 1)
+      x.slice(0, 3 * bs, 4 * bs).zero_();
+      x[4 * bs] = -0.0;
+      x[5 * bs + 1] = std::numeric_limits<float>::infinity();
+      x[6 * bs + 2] = std::numeric_limits<float>::quiet_NaN();
+      const auto fast = lb::quantize_cpu(x, map, bs, four);
+      const auto ops = lb::quantize_ops(x, map, bs, four);
+      EXPECT_TRUE(bitwise_equal(fast.first, ops.first)) << amp::state_format_name(f) << " signed " << is_signed;
+      EXPECT_TRUE(bitwise_equal(fast.second, ops.second)) << amp::state_format_name(f) << " signed " << is_signed;
+      EXPECT_TRUE(bitwise_equal(lb::dequantize_cpu(ops.first, map, ops.second, x.numel(), four),
+                                lb::dequantize_ops(ops.first, map, ops.second, four)))
+          << amp::state_format_name(f) << " signed " << is_signed;
+    }
+  }
 }
 
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE

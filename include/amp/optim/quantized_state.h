@@ -13,12 +13,14 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -139,6 +141,101 @@ inline at::Tensor dequant_with_qmap(const at::Tensor& codes, const at::Tensor& m
 
 inline constexpr double kFp8Max = 448.0;  // torch.finfo(torch.float8_e4m3fn).max
 
+// torchao's copy_ (8-/4-bit) as tensor ops: scale_tensor, the search, the
+// 4-bit packing ((codes[::2] << 4) | codes[1::2]). Any device.
+inline std::pair<at::Tensor, at::Tensor> quantize_ops(const at::Tensor& flat, const at::Tensor& map, int64_t block_size,
+                                                      bool four_bit) {
+  auto scaled = scale_tensor(flat, block_size);
+  at::Tensor codes = quantize_with_qmap(scaled.first, map);
+  const int64_t n = flat.numel();
+  if (four_bit) codes = at::bitwise_or(codes.slice(0, 0, n, 2).__lshift__(4), codes.slice(0, 1, n, 2));
+  return {codes, scaled.second};
+}
+
+// torchao's dequantize() (8-/4-bit) as tensor ops; 4-bit unpacks as
+// torch.stack([codes >> 4, codes & 0b1111], dim=-1). Flat fp32.
+inline at::Tensor dequantize_ops(const at::Tensor& codes, const at::Tensor& map, const at::Tensor& scale,
+                                 bool four_bit) {
+  if (!four_bit) return dequant_with_qmap(codes, map, scale).view({-1});
+  const at::Tensor unpacked = at::stack({codes.__rshift__(4), at::bitwise_and(codes, 15)}, -1);
+  return dequant_with_qmap(unpacked, map, scale).view({-1});
+}
+
+// The CPU path of scale_tensor + quantize_with_qmap (+ 4-bit packing) and of
+// dequant_with_qmap: one pass per block instead of ~30 tensor passes. Every
+// step is a comparison or one IEEE operation (abs, max, division, subtraction,
+// multiplication; no sum that could fuse), so the bits are those of the
+// tensor ops above (low_bit_optim_test checks both paths agree).
+inline bool cpu_path(const at::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+}
+
+inline std::pair<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& flat, const at::Tensor& map, int64_t block_size,
+                                                      bool four_bit) {
+  const int64_t n = flat.numel(), blocks = n / block_size, levels = map.numel();
+  at::Tensor codes = at::empty({four_bit ? n / 2 : n}, flat.options().dtype(at::kByte));
+  at::Tensor scale = at::empty({blocks}, flat.options());
+  const float* x = flat.data_ptr<float>();
+  const at::Tensor map_c = map.contiguous();
+  const float* m = map_c.data_ptr<float>();
+  uint8_t* c = codes.data_ptr<uint8_t>();
+  float* s = scale.data_ptr<float>();
+  const float floor = static_cast<float>(1e-12);  // clip(1e-12): the scalar rounded to fp32
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* xb = x + b * block_size;
+      float amax = 0.f;
+      bool nan = false;
+      for (int64_t i = 0; i < block_size; ++i) {
+        const float a = std::fabs(xb[i]);
+        if (std::isnan(a)) nan = true;
+        if (a > amax) amax = a;
+      }
+      const float sc = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, floor);
+      s[b] = sc;
+      for (int64_t i = 0; i < block_size; ++i) {
+        const float v = xb[i] / sc;
+        int64_t code = v >= m[levels / 2] ? levels / 2 : 0;
+        for (int64_t step = levels / 4; step >= 1; step /= 2)
+          if (v >= m[code + step]) code += step;
+        const int64_t up = std::min(code + 1, levels - 1);
+        const float down_v = m[code], up_v = m[up];
+        const float residual = v - down_v;
+        const float half = (up_v - down_v) * 0.5f;
+        if (residual >= half) code = up;
+        const int64_t k = b * block_size + i;
+        if (!four_bit) {
+          c[k] = static_cast<uint8_t>(code);
+        } else if (k % 2 == 0) {
+          c[k / 2] = static_cast<uint8_t>(code << 4);
+        } else {
+          c[k / 2] = static_cast<uint8_t>(c[k / 2] | code);
+        }
+      }
+    }
+  });
+  return {codes, scale};
+}
+
+inline at::Tensor dequantize_cpu(const at::Tensor& codes, const at::Tensor& map, const at::Tensor& scale, int64_t numel,
+                                 bool four_bit) {
+  at::Tensor out = at::empty({numel}, scale.options());
+  const int64_t block_size = numel / scale.numel();
+  const at::Tensor map_c = map.contiguous(), codes_c = codes.contiguous(), scale_c = scale.contiguous();
+  const float* m = map_c.data_ptr<float>();
+  const uint8_t* c = codes_c.data_ptr<uint8_t>();
+  const float* s = scale_c.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, scale.numel(), 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t k = b * block_size; k < (b + 1) * block_size; ++k) {
+        const int code = !four_bit ? c[k] : (k % 2 == 0 ? c[k / 2] >> 4 : c[k / 2] & 15);
+        o[k] = m[code] * s[b];
+      }
+  });
+  return out;
+}
+
 }  // namespace lowbit
 }  // namespace detail
 
@@ -195,11 +292,12 @@ class QuantizedState {
       case StateFormat::kFloat:
         return values_.to(at::kFloat);
       case StateFormat::kInt8:
-        return detail::lowbit::dequant_with_qmap(codes_, qmap_, scale_).view(sizes_);
       case StateFormat::kInt4: {
-        // subclass_4bit.py: torch.stack([codes >> 4, codes & 0b1111], dim=-1)
-        const at::Tensor unpacked = at::stack({codes_.__rshift__(4), at::bitwise_and(codes_, 15)}, -1);
-        return detail::lowbit::dequant_with_qmap(unpacked, qmap_, scale_).view(sizes_);
+        const bool four_bit = format_ == StateFormat::kInt4;
+        const at::Tensor flat = detail::lowbit::cpu_path(scale_)
+                                    ? detail::lowbit::dequantize_cpu(codes_, qmap_, scale_, numel_, four_bit)
+                                    : detail::lowbit::dequantize_ops(codes_, qmap_, scale_, four_bit);
+        return flat.view(sizes_);
       }
       case StateFormat::kFp8:
         return (codes_.to(at::kFloat).view({-1, block_size_}) * scale_.view({-1, 1})).view(sizes_);
@@ -220,13 +318,9 @@ class QuantizedState {
       const at::Tensor scale = blocks.abs().amax(-1).clamp_min(1e-12) / detail::lowbit::kFp8Max;
       return {(blocks / scale.view({-1, 1})).to(code_dtype(format_)).view({-1}), scale};
     }
-    auto scaled = detail::lowbit::scale_tensor(flat, block_size_);
-    at::Tensor codes = detail::lowbit::quantize_with_qmap(scaled.first, qmap_);
-    if (format_ == StateFormat::kInt4) {
-      // subclass_4bit.py: (codes[::2] << 4) | codes[1::2]
-      codes = at::bitwise_or(codes.slice(0, 0, numel_, 2).__lshift__(4), codes.slice(0, 1, numel_, 2));
-    }
-    return {codes, scaled.second};
+    const bool four_bit = format_ == StateFormat::kInt4;
+    return detail::lowbit::cpu_path(flat) ? detail::lowbit::quantize_cpu(flat, qmap_, block_size_, four_bit)
+                                          : detail::lowbit::quantize_ops(flat, qmap_, block_size_, four_bit);
   }
 
   // torchao's copy_ into the state: quantizes `src`. With `keep` (a 0-dim
