@@ -37,6 +37,7 @@
 
 #include "amp/detail/compat_c10d.h"
 #include "amp/distributed.h"
+#include "amp/optim/low_bit_adam.h"
 #include "amp/train/precision.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/train/trainer.h"
@@ -91,12 +92,13 @@ struct TrainRun {
 
 // `steps` steps of a small MLP under Trainer<Policy, Device> on `device`,
 // with DataParallel over `pg` when given.
-template <class Policy, class Device>
+template <class Policy, class Device, class Opt = torch::optim::Adam>
 TrainRun train(torch::Device device, const amp::ProcessGroup* pg, int64_t steps) {
   torch::manual_seed(0);
-  auto net = torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
+  // 16 -> 256 -> 4: the first weight (4096 elements) is big enough for a low-bit optimizer to quantize.
+  auto net = torch::nn::Sequential(torch::nn::Linear(16, 256), torch::nn::ReLU(), torch::nn::Linear(256, 4));
   net->to(device);
-  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2).eps(1e-4));
+  Opt opt(net->parameters(), torch::optim::AdamOptions(1e-2).eps(1e-4));
   amp::Trainer<Policy, Device> trainer(net, opt, amp::TrainerOptions().progress(false));
   std::optional<amp::DataParallel> dp;
   if (pg != nullptr) dp.emplace(*pg, trainer);
@@ -130,18 +132,23 @@ void expect_bitwise_equal(const TrainRun& dp, const TrainRun& plain, int64_t ste
   EXPECT_EQ(dp.allreduces, steps * dp.buckets);
 }
 
-template <class Policy>
+template <class Policy, class Opt = torch::optim::Adam>
 void cpu_world_of_one() {
   set_world_of_one_env();
   amp::ProcessGroup pg = amp::init_process_group(options(amp::Backend::kAuto));
   EXPECT_EQ(pg.world_size(), 1);
   constexpr int64_t kSteps = 8;
-  const TrainRun with = train<Policy, amp::CPU>(torch::kCPU, &pg, kSteps);
-  const TrainRun without = train<Policy, amp::CPU>(torch::kCPU, nullptr, kSteps);
+  const TrainRun with = train<Policy, amp::CPU, Opt>(torch::kCPU, &pg, kSteps);
+  const TrainRun without = train<Policy, amp::CPU, Opt>(torch::kCPU, nullptr, kSteps);
   expect_bitwise_equal(with, without, kSteps);
 }
 
 TEST(WorldOfOne, CpuMixedBf16EqualsPlainTrainerBitwise) { cpu_world_of_one<amp::Mixed<amp::bf16, amp::NoScaler>>(); }
+
+// A low-bit optimizer (amp/optim/low_bit_adam.h) under DataParallel: its own sync-free step on the averaged gradients.
+TEST(WorldOfOne, CpuLowBitAdamEqualsPlainTrainerBitwise) {
+  cpu_world_of_one<amp::Mixed<amp::bf16, amp::NoScaler>, amp::Adam8bit>();
+}
 
 // bf16 gradients: on LibTorch 1.13 an fp32 copy travels (Gloo has no bf16).
 TEST(WorldOfOne, CpuTrueBf16EqualsPlainTrainerBitwise) { cpu_world_of_one<amp::True<amp::bf16>>(); }

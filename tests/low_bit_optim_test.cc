@@ -461,4 +461,50 @@ TEST(LowBitAdam, TrainerResumeIsBitwise) {
   std::remove(path.c_str());
 }
 
+// Several models under one policy (amp::Precision): each low-bit optimizer
+// takes its own sync-free step, and a checkpoint resumes bitwise.
+TEST(LowBitAdam, PrecisionOfTwoModelsStepsAndResumesBitwise) {
+  using P = amp::Precision<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
+  const std::string path = ::testing::TempDir() + "/low_bit_precision.pt";
+  struct Run {
+    std::shared_ptr<Net> a = make_net(1), b = make_net(2);
+    amp::AdamW8bit opt_a{a->parameters(), torch::optim::AdamWOptions(1e-2)};
+    amp::AdamW4bit opt_b{b->parameters(), torch::optim::AdamWOptions(1e-2)};
+    P prec;
+    Run() {
+      prec.setup(a, opt_a);
+      prec.setup(b, opt_b, amp::SetupOptions().max_grad_norm(1.0));
+    }
+    void iteration(int i) {
+      torch::manual_seed(300 + i);
+      const auto x = torch::randn({16, 64}), y = torch::randn({16, 64});
+      opt_a.zero_grad();
+      prec.backward(prec.forward([&](auto&) { return torch::mse_loss(a->forward(x).to(torch::kFloat), y); }));
+      prec.step(opt_a);
+      opt_b.zero_grad();
+      prec.backward(prec.forward([&](auto&) { return torch::mse_loss(b->forward(x).to(torch::kFloat), y); }));
+      prec.step(opt_b);
+      prec.update();
+    }
+  };
+  Run first;
+  EXPECT_EQ(first.prec.optimizer_path(first.opt_a), "fused (the optimizer's own step_scaled(), no host sync)");
+  EXPECT_EQ(first.prec.optimizer_path(first.opt_b), "fused (the optimizer's own step_scaled(), no host sync)");
+  for (int i = 0; i < 3; ++i) first.iteration(i);
+  first.prec.save(path);
+  for (int i = 3; i < 6; ++i) first.iteration(i);
+  Run second;
+  second.prec.load(path);
+  for (int i = 3; i < 6; ++i) second.iteration(i);
+  for (size_t i = 0; i < first.a->parameters().size(); ++i) {
+    EXPECT_TRUE(bitwise_equal(first.a->parameters()[i], second.a->parameters()[i])) << "a " << i;
+    EXPECT_TRUE(bitwise_equal(first.b->parameters()[i], second.b->parameters()[i])) << "b " << i;
+  }
+  const auto& st = static_cast<const amp::LowBitAdamParamState&>(
+      *first.opt_b.state().at(amp::detail::compat::optim_state_key(first.b->fc1->weight.unsafeGetTensorImpl())));
+  EXPECT_EQ(st.exp_avg().format(), StateFormat::kInt4);
+  EXPECT_EQ(st.step().item<float>(), 6.f);
+  std::remove(path.c_str());
+}
+
 }  // namespace
