@@ -48,6 +48,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(AMP_LIBTORCH_HAS_CUDA) && __has_include(<c10/cuda/CUDACachingAllocator.h>)
@@ -485,6 +486,11 @@ std::vector<Row> sweep(const Config& cfg, const Task& task, torch::Device device
   if (cfg.precision.empty()) {
     amp::for_each_policy(amp::supported_policies<Device>, [&](auto p) {
       using P = typename decltype(p)::type;
+      if (cfg.optimizer != "adamw" && std::is_same_v<typename amp::policy_traits<P>::param_type, amp::fp64>) {
+        std::cerr << "== " << amp::policy_traits<P>::name << " skipped: --optimizer=" << cfg.optimizer
+                  << " steps fp32, bf16 and fp16 parameters\n";
+        return;
+      }
       std::cerr << "== " << amp::policy_traits<P>::name << "\n";
       rows.push_back(try_policy<P, Device>(cfg, task, device));
     });
