@@ -68,6 +68,19 @@ case "$name" in
     if "$bin" bf16-mixed 0 >bad.txt 2>&1; then fail "0 iterations accepted"; fi
     grep -q "amp: dcgan's iterations must be >= 1" bad.txt || fail "bad iterations message"
     ;;
+  low_bit_transformer)
+    # One thread: a quality check, not a timing, and OpenMP's spinning threads
+    # make a 2-thread run several times slower on a busy 2-core machine.
+    OMP_NUM_THREADS=1 "$bin" --steps=30 >out.txt 2>err.txt || { cat out.txt err.txt; fail "exit code"; }
+    cat out.txt
+    grep -qE '^low_bit_transformer: LibTorch [0-9]+\.[0-9]+, [0-9]+ parameters, 30 steps$' out.txt || fail "header line"
+    for o in AdamW AdamW8bit AdamW4bit; do
+      grep -qE "^low_bit_transformer: $o final loss [0-9]+\.[0-9]+ \([+-][0-9.]+% vs AdamW\), [0-9.]+ state bytes/param\$" \
+        out.txt || fail "no line for $o"
+    done
+    if "$bin" --steps=0 >bad.txt 2>&1; then fail "--steps=0 accepted"; fi
+    grep -q "amp: low_bit_transformer's --steps must be" bad.txt || fail "bad --steps message"
+    ;;
   *)
     "$bin" >out.txt 2>&1 || { cat out.txt; fail "exit code"; }
     cat out.txt
