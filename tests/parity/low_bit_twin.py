@@ -357,8 +357,8 @@ def main(out):
     failed = 0
     for name, r in expected.items():
         rows, params, states = run(name, r, x, y)
-        cpp_params = torch.load(f"{out}/{name}.params.pt")
-        cpp_states = torch.load(f"{out}/{name}.states.pt")
+        cpp_params = torch.load(f"{out}/{name}.params.pt", weights_only=False)
+        cpp_states = torch.load(f"{out}/{name}.states.pt", weights_only=False)
         first = next((i for i, (a, b) in enumerate(zip(rows, cpp[name])) if a != b), None)
         same_steps = first is None and len(rows) == len(cpp[name])
         same_params = len(params) == len(cpp_params) and all(same(a, b) for a, b in zip(params, cpp_params))

@@ -309,19 +309,24 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
     const double beta2 = std::get<1>(o.betas());
     const at::Tensor lr = at::scalar_tensor(o.lr(), p.options().dtype(at::kFloat));  // torchao keeps lr a fp32 tensor
 
+    // Ops act in place on this step's own temporaries (never on p or a
+    // state): the same kernels with the same operands, so the same bits, with
+    // fewer allocations. Products and sums are swapped only where IEEE
+    // arithmetic commutes.
     at::Tensor p_f32 = p.to(at::kFloat);
     at::Tensor grad_f32 = grad.to(at::kFloat);
     if (IsAdamW) {
-      p_f32 = p_f32 - lr * o.weight_decay() * p_f32;
+      at::Tensor decay = p_f32.mul(lr * o.weight_decay());  // lr * weight_decay * p_f32
+      p_f32 = at::sub_out(decay, p_f32, decay);
     } else {
-      grad_f32 = grad_f32 + o.weight_decay() * p_f32;
+      grad_f32 = p_f32.mul(o.weight_decay()).add_(grad_f32);  // grad_f32 + weight_decay * p_f32
     }
     const at::Tensor step = s.step() + 1;
     const at::Tensor bias_correction1 = at::rsub(at::pow(beta1, step), 1);
     const at::Tensor bias_correction2 = at::rsub(at::pow(beta2, step), 1);
 
-    const at::Tensor exp_avg_f32 = s.exp_avg().dequantize().lerp(grad_f32, 1 - beta1);
-    const at::Tensor exp_avg_sq_f32 = s.exp_avg_sq().dequantize().lerp(grad_f32.square(), 1 - beta2);
+    const at::Tensor exp_avg_f32 = lerped(s.exp_avg(), grad_f32, 1 - beta1);
+    const at::Tensor exp_avg_sq_f32 = lerped(s.exp_avg_sq(), grad_f32.square(), 1 - beta2);
     s.exp_avg().assign_(exp_avg_f32, keep);
     s.exp_avg_sq().assign_(exp_avg_sq_f32, keep);
 
@@ -330,17 +335,27 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
       TORCH_CHECK(s.max_exp_avg_sq().defined(), "amp: ", name(), ": amsgrad was turned on after the first step");
       const at::Tensor max_exp_avg_sq_f32 = at::maximum(s.max_exp_avg_sq().dequantize(), exp_avg_sq_f32);
       s.max_exp_avg_sq().assign_(max_exp_avg_sq_f32, keep);
-      denom = (max_exp_avg_sq_f32.sqrt() / bias_correction2.sqrt()) + o.eps();
+      denom = max_exp_avg_sq_f32.sqrt();
     } else {
-      denom = (exp_avg_sq_f32.sqrt() / bias_correction2.sqrt()) + o.eps();
+      denom = exp_avg_sq_f32.sqrt();
     }
-    p_f32 = p_f32 - lr * (exp_avg_f32 / bias_correction1) / denom;
+    denom.div_(bias_correction2.sqrt()).add_(o.eps());  // (sqrt / bias_correction2.sqrt()) + eps
+    at::Tensor update = exp_avg_f32 / bias_correction1;
+    update.mul_(lr).div_(denom);  // lr * (exp_avg_f32 / bias_correction1) / denom
+    p_f32 = p_f32.is_same(p) ? p_f32 - update : p_f32.sub_(update);
 
     at::Tensor next = low_bit_.bf16_stochastic_round() && p.scalar_type() == at::kBFloat16
                           ? detail::lowbit::fp32_to_bf16_sr(p_f32)
                           : p_f32.to(p.scalar_type());
     p.copy_(keep.defined() ? at::where(keep, p, next) : next);
     s.step().copy_(keep.defined() ? at::where(keep, s.step(), step) : step);
+  }
+
+  // The moment's dequantized value lerped towards `end`: in place on the
+  // dequantized copy, out of place when that is the state's own tensor.
+  static at::Tensor lerped(const QuantizedState& q, const at::Tensor& end, double weight) {
+    at::Tensor d = q.dequantize();
+    return d.is_same(q.values()) ? d.lerp(end, weight) : d.lerp_(end, weight);
   }
 
   void check_loaded(LowBitAdamParamState& s, const at::Tensor& p, size_t g, size_t i) const {
