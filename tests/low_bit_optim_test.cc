@@ -15,6 +15,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "error_of.h"
@@ -506,5 +507,54 @@ TEST(LowBitAdam, PrecisionOfTwoModelsStepsAndResumesBitwise) {
   EXPECT_EQ(st.step().item<float>(), 6.f);
   std::remove(path.c_str());
 }
+
+// Gradient accumulation: two micro-batches through the Trainer are the
+// hand-written loop (loss / 2 twice, then the optimizer's own step()) bit for bit.
+TEST(LowBitAdam, AccumulationEqualsTheHandWrittenLoop) {
+  auto batch = [](int i) {
+    torch::manual_seed(400 + i);
+    return std::make_pair(torch::randn({16, 64}), torch::randn({16, 64}));
+  };
+  auto a = make_net();
+  amp::AdamW8bit opt_a(a->parameters(), torch::optim::AdamWOptions(1e-2));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(a, opt_a,
+                                                       amp::TrainerOptions().progress(false).accumulation_steps(2));
+  auto b = make_net();
+  amp::AdamW8bit opt_b(b->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int i = 0; i < 8; ++i) {
+    const auto xy = batch(i);
+    trainer.step([&](auto&) { return torch::mse_loss(a->forward(xy.first), xy.second); });
+    if (i % 2 == 0) opt_b.zero_grad();
+    (torch::mse_loss(b->forward(xy.first), xy.second) / 2.0).backward();
+    if (i % 2 == 1) opt_b.step();
+  }
+  for (size_t i = 0; i < a->parameters().size(); ++i)
+    EXPECT_TRUE(bitwise_equal(a->parameters()[i], b->parameters()[i])) << i;
+}
+
+#if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
+// A Float8 policy: the float8 linears' weights are stepped by a low-bit optimizer like any other.
+TEST(LowBitAdam, TrainsUnderAFloat8Policy) {
+  auto net = make_net();  // 64 -> 128 -> 64: every linear fits float8
+  amp::AdamW8bit opt(net->parameters(), torch::optim::AdamWOptions(1e-2));
+  amp::Trainer<amp::Float8<amp::Tensorwise>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+  EXPECT_TRUE(trainer.fused()) << trainer.optimizer_path();
+  const auto before = net->fc1->weight.detach().clone();
+  double first = 0, last = 0;
+  for (int i = 0; i < 6; ++i) {
+    torch::manual_seed(500);
+    const auto x = torch::randn({32, 64}), y = torch::randn({32, 64});
+    const double loss =
+        trainer.step([&](auto&) { return torch::mse_loss(net->forward(x).to(torch::kFloat), y); }).loss_value();
+    (i == 0 ? first : last) = loss;
+  }
+  EXPECT_LT(last, first) << "the same batch six times: the loss falls";
+  EXPECT_FALSE(bitwise_equal(net->fc1->weight, before));
+  const auto& st = static_cast<const amp::LowBitAdamParamState&>(
+      *opt.state().at(amp::detail::compat::optim_state_key(net->fc1->weight.unsafeGetTensorImpl())));
+  EXPECT_EQ(st.exp_avg().format(), StateFormat::kInt8);
+  EXPECT_EQ(st.step().item<float>(), 6.f);
+}
+#endif
 
 }  // namespace
