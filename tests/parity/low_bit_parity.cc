@@ -21,6 +21,8 @@
 
 #include <amp/amp.h>
 
+#include "parity_io.h"
+
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -33,27 +35,9 @@ namespace {
 
 constexpr int kSteps = 100;
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-torch::nn::Sequential make_mlp() {
-  torch::manual_seed(0);
-  auto m = torch::nn::Sequential(torch::nn::Linear(64, 128), torch::nn::ReLU(), torch::nn::Linear(128, 128),
-                                 torch::nn::ReLU(), torch::nn::Linear(128, 10));
-  torch::NoGradGuard no_grad;  // explicit randn weights: the same numbers in C++ and Python
-  for (auto& p : m->parameters()) p.copy_(torch::randn(p.sizes()) * 0.05);
-  return m;
-}
-
-void save(const std::string& path, const std::vector<torch::Tensor>& tensors) {
-  c10::List<torch::Tensor> list;
-  for (const auto& t : tensors) list.push_back(t.detach());
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(list));
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using amp_parity::bits;
+using amp_parity::make_mlp;
+using amp_parity::save;
 
 // Per parameter: step, then per moment either [values] or [codes (uint8 bytes), scale].
 std::vector<torch::Tensor> states_of(const torch::optim::Optimizer& opt, const torch::nn::Module& model) {
