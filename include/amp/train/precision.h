@@ -161,13 +161,13 @@ class Precision {
   // iteration's combined found-inf flag (a 0-dim tensor, no host sync;
   // undefined without loss scaling).
   at::Tensor update() {
-    TORCH_CHECK(std::find(stepped_.begin(), stepped_.end(), true) != stepped_.end(),
+    TORCH_CHECK(std::find(stepped_.begin(), stepped_.end(), char{1}) != stepped_.end(),
                 "amp: update() without a step() since the last update(); call prec.step(optimizer) first");
     scaler_.update();
     float8_.update([this](at::Tensor& amaxes) {
       if (sync_ != nullptr) sync_->reduce_max(amaxes);
     });
-    std::fill(stepped_.begin(), stepped_.end(), false);
+    std::fill(stepped_.begin(), stepped_.end(), char{0});
     ++steps_;
     if constexpr (scaler_capabilities<scaler_type>::found_inf) return scaler_.found_inf();
     return at::Tensor();
@@ -323,8 +323,10 @@ class Precision {
   // Per optimizer, in setup order: its part of the recipe, whether a
   // backward() ran since its last step, whether it stepped since the last update().
   std::vector<std::unique_ptr<detail::OptimizerStep<scaler_type>>> parts_;
-  std::vector<bool> backward_;
-  std::vector<bool> stepped_;
+  // char, not bool: g++ 14 at -O2 warns (-Wstringop-overflow) on std::fill
+  // of a std::vector<bool> inlined from update(), which breaks -Werror builds.
+  std::vector<char> backward_;
+  std::vector<char> stepped_;
   GradientSync* sync_ = nullptr;
   int64_t steps_ = 0;
   float8::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories
