@@ -1,5 +1,5 @@
-// Compile-fail test: a Trainer given a temporary Module (amp keeps the model
-// alive in a shared_ptr, so it must be one already).
+// Compile-fail test: a Trainer given a temporary Module (nothing would keep
+// it alive: a Module& is held without ownership unless a shared_ptr owns it).
 // expect: amp: pass the model as a ModuleHolder (e.g. torch::nn::Linear), a std::shared_ptr<Module>, or a
 // Built twice by tools/compile_fail_test.sh: as is (must compile) and with
 // -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
@@ -14,11 +14,14 @@ struct Net : torch::nn::Module {
 
 using T = amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
 
-// The passing twins: a shared_ptr, and a Module& that lives in one.
+// The passing twins: a shared_ptr, a Module& that lives in one, and a
+// `Net model;` (held without ownership).
 void passing(torch::optim::Optimizer& optimizer) {
   auto net = std::make_shared<Net>();
   T by_pointer(net, optimizer);
   T by_reference(*net, optimizer);
+  Net on_stack;
+  T by_stack_reference(on_stack, optimizer);
 }
 
 #ifdef AMP_SHOULD_FAIL

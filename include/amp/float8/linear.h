@@ -42,9 +42,12 @@ inline bool fits(const at::Tensor& weight) {
 // model that is one), in named_modules() order.
 inline std::vector<std::pair<std::string, torch::nn::LinearImpl*>> linears_of(const torch::nn::Module& model) {
   std::vector<std::pair<std::string, torch::nn::LinearImpl*>> out;
-  for (const auto& item : model.named_modules()) {
+  // The model itself apart: one held without ownership (a `Net model;`) has no shared_ptr for named_modules().
+  if (const auto* self = dynamic_cast<const torch::nn::LinearImpl*>(&model))
+    out.emplace_back("linear", const_cast<torch::nn::LinearImpl*>(self));
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get()))
-      out.emplace_back(item.key().empty() ? std::string("linear") : item.key(), linear);
+      out.emplace_back(item.key(), linear);
   }
   return out;
 }

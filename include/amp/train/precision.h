@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -35,6 +36,7 @@
 #include "amp/train/checkpoint.h"
 #include "amp/train/detail/evaluation.h"
 #include "amp/train/detail/model_setup.h"
+#include "amp/train/detail/rng_state.h"
 #include "amp/core/device.h"
 #include "amp/optim/optimizer_step.h"
 #include "amp/core/policy.h"
@@ -52,6 +54,9 @@ namespace amp {
 struct PrecisionOptions {
   // What a raw x.to(torch::kHalf / kBFloat16) in a Mixed region does (amp/precision/strict_casts.h).
   TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
+  // Checkpoints carry the random generators' states and load() restores them
+  // (TrainerOptions::rng_state). false: neither.
+  TORCH_ARG(bool, rng_state) = true;
 };
 
 // Per optimizer, at setup(model, optimizer, options).
@@ -82,8 +87,9 @@ class Precision {
   Precision(const Precision&) = delete;
   Precision& operator=(const Precision&) = delete;
 
-  // A model (ModuleHolder or std::shared_ptr<Module>): checked against the
-  // policy, converted for True<D>. Set up a model once; setting it up again is a no-op.
+  // A model (a ModuleHolder, a std::shared_ptr<Module>, or a non-const
+  // Module& that outlives the Precision, as Trainer takes it): checked against
+  // the policy, converted for True<D>. Setting a model up again is a no-op.
   template <class Model>
   void setup(Model&& model) {
     add_model(detail::as_module(std::forward<Model>(model)));
@@ -286,6 +292,7 @@ class Precision {
     torch::serialize::OutputArchive archive =
         detail::checkpoint_archive(precision, CheckpointCounters{steps_, 0, 0}, modules, optimizers, scaler_);
     float8_.write(archive);
+    if (options_.rng_state()) detail::write_rng(archive, detail::capture_rng(), "amp/rng/");
     return archive;
   }
 
@@ -300,8 +307,11 @@ class Precision {
     std::vector<torch::optim::Optimizer*> optimizers;
     for (const auto& m : models_) modules.push_back(m.get());
     for (const auto& part : parts_) optimizers.push_back(&part->optimizer());
+    std::optional<detail::RngStates> rng;  // checked before anything changes
+    if (options_.rng_state()) rng = detail::read_rng(archive, "amp/rng/");
     steps_ = detail::apply_checkpoint(archive, modules, optimizers, scaler_).step;
     float8_.read(archive);
+    if (rng) detail::restore_rng(*rng);
     std::fill(backward_.begin(), backward_.end(), false);
   }
 

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -31,6 +32,7 @@
 #include "amp/train/detail/evaluation.h"
 #include "amp/train/detail/model_setup.h"
 #include "amp/train/detail/progress.h"
+#include "amp/train/detail/rng_state.h"
 #include "amp/train/history.h"
 #include "amp/core/device.h"
 #include "amp/core/policy.h"
@@ -57,6 +59,10 @@ struct TrainerOptions {
   // Whether LibTorch's C++ linear layers cast each weight once per step's
   // region, as Python's nn.Linear does (amp/precision/linear_routing.h). Mixed policies only.
   TORCH_ARG(LinearRouting, linear_routing) = LinearRouting::kOn;
+  // Checkpoints carry the random generators' states (the default CPU
+  // generator and each CUDA device's) and load() restores them, so a resumed
+  // run draws the same dropout masks and random batches. false: neither.
+  TORCH_ARG(bool, rng_state) = true;
 
   // The Stepper's options, spelled on TrainerOptions: .max_grad_norm(1.0).
  public:  // (TORCH_ARG leaves the section private)
@@ -107,8 +113,10 @@ class Trainer {
   using region_type = Region<Policy, Device>;
   static constexpr const char* precision = traits::name;
 
-  // `model`: a ModuleHolder (torch::nn::Linear, a TORCH_MODULE) or a
-  // std::shared_ptr<Module>. `optimizer` must outlive the Trainer.
+  // `model`: a ModuleHolder (torch::nn::Linear, a TORCH_MODULE), a
+  // std::shared_ptr<Module>, or a non-const Module& (LibTorch's `Net model;`),
+  // which is shared if a shared_ptr owns it and otherwise held without
+  // ownership: it must outlive the Trainer. `optimizer` must outlive the Trainer.
   template <class Model>
   Trainer(Model&& model, torch::optim::Optimizer& optimizer, TrainerOptions options = {},
           scaler_type scaler = scaler_type())
@@ -170,10 +178,24 @@ class Trainer {
     }
     while (!stop && epoch_ < fo.max_epochs()) {
       int64_t batch_index = 0;
+      // The CPU generator as the epoch began (a shuffling sampler draws its
+      // order from it when the loop starts). After a mid-epoch load(): that
+      // state while the loader starts and skips, the checkpoint's after
+      // (whatever drew from the generator between load() and fit()).
+      at::Tensor resume_rng;
+      if (options_.rng_state()) {
+        if (batch_in_epoch_ > 0 && epoch_start_rng_.defined() && resume_rng_.defined()) {
+          resume_rng = std::exchange(resume_rng_, {});
+          detail::set_state_of(at::detail::getDefaultCPUGenerator(), epoch_start_rng_);
+        } else {
+          epoch_start_rng_ = detail::cpu_rng_state();
+        }
+      }
       auto start = std::chrono::steady_clock::now();
       for (auto&& batch : range) {
         // After a mid-epoch load(): skip the batches that were already trained on.
         if (batch_index++ < batch_in_epoch_) continue;
+        if (resume_rng.defined()) detail::set_state_of(at::detail::getDefaultCPUGenerator(), std::exchange(resume_rng, {}));
         StepResult r = step([&](region_type& region) { return fn(region, batch); });
         ++batch_in_epoch_;
         if (!r.boundary) continue;
@@ -194,6 +216,7 @@ class Trainer {
       if (!stop) {
         ++epoch_;
         batch_in_epoch_ = 0;
+        epoch_start_rng_ = at::Tensor();
       }
     }
     flush();
@@ -309,6 +332,11 @@ class Trainer {
     torch::serialize::OutputArchive archive =
         detail::checkpoint_archive(precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
     float8_.write(archive);
+    if (options_.rng_state()) {
+      detail::write_rng(archive, detail::capture_rng(), "amp/rng/");
+      if (batch_in_epoch_ > 0 && epoch_start_rng_.defined())
+        archive.write("amp/rng/epoch_start_cpu", epoch_start_rng_, /*is_buffer=*/true);
+    }
     return archive;
   }
 
@@ -333,8 +361,23 @@ class Trainer {
       ~Reload() { s.reload_optimizer_state(); }
     } reload{stepper_};
     ++generation_;  // the model's and optimizer's tensors are replaced, even by a failed apply
+    // The generators' entries checked before anything changes.
+    std::optional<detail::RngStates> rng;
+    at::Tensor epoch_start;
+    if (options_.rng_state()) {
+      rng = detail::read_rng(archive, "amp/rng/");
+      if (archive.try_read("amp/rng/epoch_start_cpu", epoch_start, /*is_buffer=*/true)) {
+        TORCH_CHECK(epoch_start.scalar_type() == at::kByte && epoch_start.numel() == detail::cpu_rng_state().numel(),
+                    "amp: the checkpoint's random-generator entry 'amp/rng/epoch_start_cpu' is not a CPU generator "
+                    "state of this LibTorch; turn the entry off (TrainerOptions().rng_state(false)) to load the rest");
+        epoch_start = epoch_start.to(at::kCPU).contiguous();
+      }
+    }
     const CheckpointCounters c = detail::apply_checkpoint(archive, *module_, stepper_.optimizer(), stepper_.scaler());
     float8_.read(archive);
+    if (rng) detail::restore_rng(*rng);
+    epoch_start_rng_ = epoch_start;
+    resume_rng_ = epoch_start.defined() && rng ? rng->cpu : at::Tensor();
     stepper_.set_steps(c.step);
     epoch_ = c.epoch;
     batch_in_epoch_ = c.batch_in_epoch;
@@ -359,6 +402,8 @@ class Trainer {
   float8::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories
   int64_t epoch_ = 0;
   int64_t batch_in_epoch_ = 0;
+  at::Tensor epoch_start_rng_;  // fit(): the CPU generator's state as this epoch began
+  at::Tensor resume_rng_;       // after a mid-epoch load(): the checkpoint's, for fit() once it has skipped
   uint64_t generation_ = 0;  // counts apply()s (state_generation())
 };
 

@@ -28,9 +28,11 @@ class EvalMode {
  public:
   explicit EvalMode(const std::vector<torch::nn::Module*>& modules) {
     for (torch::nn::Module* m : modules) {
-      // modules() is pre-order (a module before its children), so restoring
-      // in this order lets a child's own mode override its parent's train().
-      for (const auto& sub : m->modules(/*include_self=*/true)) saved_.emplace_back(sub, sub->is_training());
+      // Pre-order (a module before its children), so restoring in this order
+      // lets a child's own mode override its parent's train(). modules(false):
+      // a model held without ownership (a `Net model;`) has no shared_ptr to itself.
+      saved_.emplace_back(m, m->is_training());
+      for (const auto& sub : m->modules(/*include_self=*/false)) saved_.emplace_back(sub.get(), sub->is_training());
     }
     for (torch::nn::Module* m : modules) m->eval();
   }
@@ -41,7 +43,7 @@ class EvalMode {
   EvalMode& operator=(const EvalMode&) = delete;
 
  private:
-  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> saved_;
+  std::vector<std::pair<torch::nn::Module*, bool>> saved_;  // the modules outlive the evaluation
 };
 
 // fn(region) with the modules in eval mode, no autograd, under Region

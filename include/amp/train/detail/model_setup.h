@@ -1,7 +1,7 @@
 // amp/train/detail/model_setup.h: the checks and conversions that Trainer and
 // Precision make when they take a model and its optimizer.
 //
-//   auto module = amp::detail::as_module(model);                           // ModuleHolder or shared_ptr
+//   auto module = amp::detail::as_module(model);                           // ModuleHolder, shared_ptr or Module&
 //   amp::detail::check_optimizer<Policy>(optimizer);                       // LBFGS + loss scaling, fp16 eps
 //   amp::detail::setup_model<Policy, Device>(*module, "Trainer", "before constructing the Trainer");
 //
@@ -28,23 +28,22 @@
 namespace amp {
 namespace detail {
 
+// A model passed as a non-const Module& that no std::shared_ptr owns (the
+// `Net model;` of LibTorch's examples) is held without ownership: it must
+// outlive whatever holds it (the Trainer, the Precision).
 template <class M>
 std::shared_ptr<torch::nn::Module> as_module(M&& model) {
   using T = std::decay_t<M>;
   if constexpr (std::is_base_of_v<torch::nn::Module, T>) {
-    constexpr bool shared = std::is_lvalue_reference_v<M> && !std::is_const_v<std::remove_reference_t<M>>;
-    static_assert(shared || !std::is_base_of_v<torch::nn::Module, T>,
+    constexpr bool lvalue = std::is_lvalue_reference_v<M> && !std::is_const_v<std::remove_reference_t<M>>;
+    static_assert(lvalue || !std::is_base_of_v<torch::nn::Module, T>,
                   "amp: pass the model as a ModuleHolder (e.g. torch::nn::Linear), a std::shared_ptr<Module>, or a "
-                  "non-const Module& that lives in a shared_ptr, not a temporary or const Module; e.g. `auto model = "
-                  "std::make_shared<Net>(); amp::Trainer<P> t(model, optimizer);`");
-    if constexpr (shared) {
-      try {
-        return model.shared_from_this();  // amp keeps the model alive with the caller
-      } catch (const std::bad_weak_ptr&) {
-        TORCH_CHECK(false,
-                    "amp: the model (a torch::nn::Module&) does not live in a std::shared_ptr, which amp "
-                    "needs to keep it; make it with std::make_shared<Net>() or a TORCH_MODULE holder");
-      }
+                  "non-const Module& that outlives the trainer, not a temporary or const Module; e.g. `Net model; "
+                  "amp::Trainer<P, amp::CPU> t(model, optimizer);`");
+    if constexpr (lvalue) {
+      std::weak_ptr<torch::nn::Module> owner = model.weak_from_this();
+      if (std::shared_ptr<torch::nn::Module> shared = owner.lock()) return shared;  // kept alive with the caller
+      return std::shared_ptr<torch::nn::Module>(std::shared_ptr<torch::nn::Module>(), &model);  // not owned
     }
     return nullptr;
   } else if constexpr (std::is_convertible_v<T, std::shared_ptr<torch::nn::Module>>) {
