@@ -14,10 +14,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "amp/amp.h"
 #include "amp/testing.h"
+#include "error_of.h"
 
 extern char** environ;
 
@@ -565,6 +567,67 @@ TEST(TrainerModel, TrainsAStackModelHeldWithoutOwnership) {
   prec.step(opt3);
   prec.update();
   EXPECT_FALSE(torch::equal(w, second.fc1->weight));
+}
+
+// --- fp16 pitfalls (issue 38): a warning on CPU, and masked_fill(-1e9) explained ---
+
+template <class P>
+void expect_fp16_pitfalls_explained(const std::string& name) {
+  torch::manual_seed(0);
+  auto lin = torch::nn::Linear(8, 8);
+  torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
+  ::testing::internal::CaptureStderr();
+  amp::Trainer<P, amp::CPU> t(lin, opt, amp::TrainerOptions().progress(false));
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(warned, ::testing::HasSubstr("amp: Trainer<" + name +
+                                           ", amp::CPU>: most CPUs have no fp16 arithmetic, so LibTorch emulates it"));
+  EXPECT_THAT(warned, ::testing::HasSubstr("amp::Mixed<amp::bf16, amp::NoScaler> (\"bf16-mixed\")"));
+  const torch::Tensor x = torch::randn({4, 8}).to(lin->weight.scalar_type());
+  const torch::Tensor mask = torch::ones({4, 8}, torch::kBool).triu(1);
+  auto masked = [&](double fill) {
+    return [&, fill](auto&) { return torch::softmax(lin(x).masked_fill(mask, fill), 1).to(torch::kFloat32).sum(); };
+  };
+  const std::string msg = amp_test::error_of([&] { t.step(masked(-1e9)); });
+  EXPECT_THAT(msg, ::testing::HasSubstr("amp: a scalar does not fit fp16 (largest finite value 65504) inside the "
+                                        "forward of a " +
+                                        name + " region; a common cause is attention's `scores.masked_fill(mask, -1e9)`"));
+  EXPECT_THAT(msg, ::testing::HasSubstr("-std::numeric_limits<float>::infinity()"));
+  EXPECT_THAT(msg, ::testing::HasSubstr("LibTorch says: value cannot be converted to type at::Half without overflow"));
+  // The fix the message names trains.
+  EXPECT_TRUE(std::isfinite(t.step(masked(-std::numeric_limits<float>::infinity())).loss_value()));
+}
+
+// Trainers of fp16 policies on CPU exist from LibTorch 2.3 (before it, their static rule).
+template <class P>
+void expect_explained_where_supported() {
+  if constexpr (amp::is_supported_v<P, amp::CPU>) expect_fp16_pitfalls_explained<P>(amp::policy_traits<P>::name);
+}
+
+TEST(Fp16Pitfalls, Fp16TrainersOnCpuWarnAndExplainMaskedFillOverflow) {
+  // The translation itself, on every line: a Half tensor's masked_fill(-1e9).
+  const torch::Tensor scores = torch::zeros({2, 2}, torch::kHalf), mask = torch::eye(2).to(torch::kBool);
+  const std::string msg = amp_test::error_of([&] {
+    amp::detail::explain_fp16_errors<amp::Mixed<amp::fp16, amp::DynamicScaler>>(
+        [&] { return scores.masked_fill(mask, -1e9); });
+  });
+  EXPECT_THAT(msg, ::testing::HasSubstr("amp: a scalar does not fit fp16 (largest finite value 65504) inside the "
+                                        "forward of a 16-mixed region"));
+  EXPECT_THAT(msg, ::testing::HasSubstr("LibTorch says: value cannot be converted to type at::Half without overflow"));
+  // Other errors pass through unchanged.
+  EXPECT_THAT(amp_test::error_of([&] {
+                amp::detail::explain_fp16_errors<amp::True<amp::fp16>>([&] { return scores.view({3}); });
+              }),
+              ::testing::HasSubstr("shape '[3]' is invalid for input of size 4"));
+  expect_explained_where_supported<amp::True<amp::fp16>>();
+  expect_explained_where_supported<amp::Mixed<amp::fp16, amp::DynamicScaler>>();
+}
+
+TEST(Fp16Pitfalls, Bf16OnCpuDoesNotWarn) {
+  auto lin = torch::nn::Linear(8, 8);
+  torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
+  ::testing::internal::CaptureStderr();
+  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> t(lin, opt, amp::TrainerOptions().progress(false));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("amp:"), std::string::npos);
 }
 
 TEST(TrainerErrors, MixedRejectsNonFp32Parameters) {

@@ -35,6 +35,7 @@
 
 #include "amp/train/checkpoint.h"
 #include "amp/train/detail/evaluation.h"
+#include "amp/train/detail/fp16_pitfalls.h"
 #include "amp/train/detail/model_setup.h"
 #include "amp/train/detail/rng_state.h"
 #include "amp/core/device.h"
@@ -83,6 +84,7 @@ class Precision {
   explicit Precision(PrecisionOptions options = {}, scaler_type scaler = scaler_type())
       : options_(std::move(options)), scaler_(std::move(scaler)) {
     detail::check_device<Policy, Device>("Precision");
+    detail::warn_if_slow_fp16<Policy, Device>("Precision");
   }
   Precision(const Precision&) = delete;
   Precision& operator=(const Precision&) = delete;
@@ -129,7 +131,7 @@ class Precision {
                   "amp: the forward function must take the region: [&](auto& region) { return loss; }");
     region_type region(options_.strict_casts());
     [[maybe_unused]] auto float8 = float8_.bind();
-    return fn(region);
+    return detail::explain_fp16_errors<Policy>([&]() -> decltype(auto) { return fn(region); });
   }
 
   // The scaled loss's backward (scaler.scale(loss).backward()); with a

@@ -30,6 +30,7 @@
 
 #include "amp/train/checkpoint.h"
 #include "amp/train/detail/evaluation.h"
+#include "amp/train/detail/fp16_pitfalls.h"
 #include "amp/train/detail/model_setup.h"
 #include "amp/train/detail/progress.h"
 #include "amp/train/detail/rng_state.h"
@@ -125,6 +126,7 @@ class Trainer {
         stepper_(setup(optimizer), options_.stepper(), std::move(scaler)),
         closure_optimizer_(detail::closure_based(optimizer)) {
     float8_.track(*module_);
+    detail::warn_if_slow_fp16<Policy, Device>("Trainer");
   }
 
   // One optimizer step (or one micro-batch of it, with accumulation):
@@ -279,7 +281,7 @@ class Trainer {
                   "amp: the step function must take the region: [&](auto& region) { return loss; }");
     region_type region = make_region();
     [[maybe_unused]] auto float8 = float8_.bind();
-    return fn(region);
+    return detail::explain_fp16_errors<Policy>([&] { return fn(region); });
   }
 
   StepResult after_step(StepResult r) {
