@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # amp's layers, lowest first: a header includes only headers of its own layer
 # and of the layers below. This list is the one place they are declared; the
-# README's map describes them.
+# map in docs/maintainers.md ("Where things live") describes them.
 #   detail       version shims (compat*.h) and small helpers; version.h
 #   core         dtype and device tags, the scaler concept, policies, the static rules, experiments
 #   optim        FusedStep: ATen's fused optimizer kernels
@@ -26,7 +26,7 @@ rank_of() {  # the layer rank of a path relative to include/ (amp/...)
   case "$rel" in
     version.h) name=detail ;;
     amp.h | distributed.h | testing.h) name=umbrella ;;
-    autocast.h | region.h) name=umbrella ;;  # deprecated paths (README)
+    autocast.h | region.h) name=umbrella ;;  # deprecated paths (docs/maintainers.md)
     */*) name=${rel%%/*} ;;
     *) echo -1; return ;;
   esac
@@ -51,7 +51,7 @@ while IFS= read -r path; do
   h=${path#include/}
   r=$(rank_of "$h")
   if [ "$r" -lt 0 ]; then
-    fail "$h: in no layer (add its folder to tools/layering_test.sh and the README's map)"
+    fail "$h: in no layer (add its folder to tools/layering_test.sh and the map in docs/maintainers.md)"
     continue
   fi
   layer=${layers[$r]}

@@ -1,36 +1,52 @@
 #!/usr/bin/env bash
-# README checks: (1) every ```cpp block compiles as its own translation unit
-# (-fsyntax-only, -Wall -Wextra -Werror on amp's code); (2) the support matrix
-# table printed by tools/support_matrix for this LibTorch appears verbatim.
-#   readme_test.sh README.md SUPPORT_MATRIX_BIN FLAGS_FILE
+# Documentation checks: (1) every ```cpp block of README.md and of each other
+# .md file given compiles as its own translation unit (-fsyntax-only, -Wall
+# -Wextra -Werror on amp's code); (2) every relative link to a .md file points
+# at a file that exists; (3) the support matrix table printed by
+# tools/support_matrix for this LibTorch appears verbatim in README.md.
+#   readme_test.sh README.md SUPPORT_MATRIX_BIN FLAGS_FILE [DOC.md ...]
 set -u
 readme=$1 matrix_bin=$2 flags_file=$3
+shift 3
+docs=("$readme" "$@")
 cxx=${CXX:-g++}
 read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")  # -std= comes with them
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-awk -v dir="$tmp" '
-  /^```cpp/ { n++; file = sprintf("%s/block_%02d.cc", dir, n); inblock = 1; next }
-  /^```/ && inblock { inblock = 0; close(file); next }
-  inblock { print > file }
-' "$readme"
 fails=0 count=0
-for f in "$tmp"/block_*.cc; do
-  [ -e "$f" ] || continue
-  count=$((count + 1))
-  if log=$("$cxx" "${torch_flags[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$f" 2>&1); then
-    echo "ok   README C++ block $(basename "$f")"
-  else
-    echo "FAIL README C++ block $(basename "$f"):"; sed 's/^/    /' "$f"; echo "$log" | head -20
-    fails=$((fails + 1))
-  fi
+for doc in "${docs[@]}"; do
+  [ -f "$doc" ] || { echo "FAIL: $doc: no such file"; fails=$((fails + 1)); continue; }
+  # One directory per document; its blocks are block_01.cc, block_02.cc, ...
+  dir="$tmp/$(printf '%03d' "$count")_$(basename "$doc" .md)"
+  mkdir -p "$dir"
+  awk -v dir="$dir" '
+    /^```cpp/ { n++; file = sprintf("%s/block_%02d.cc", dir, n); inblock = 1; next }
+    /^```/ && inblock { inblock = 0; close(file); next }
+    inblock { print > file }
+  ' "$doc"
+  for f in "$dir"/block_*.cc; do
+    [ -e "$f" ] || continue
+    count=$((count + 1))
+    if log=$("$cxx" "${torch_flags[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$f" 2>&1); then
+      echo "ok   $doc C++ block $(basename "$f")"
+    else
+      echo "FAIL $doc C++ block $(basename "$f"):"; sed 's/^/    /' "$f"; echo "$log" | head -20
+      fails=$((fails + 1))
+    fi
+  done
+  # Relative links to .md files: [text](path.md) or [text](path.md#anchor).
+  base=$(dirname "$doc")
+  while IFS= read -r target; do
+    case "$target" in http*) continue ;; esac
+    [ -f "$base/$target" ] || { echo "FAIL: $doc links to $target, which does not exist"; fails=$((fails + 1)); }
+  done < <(grep -o '](\([^)#]*\.md\)' "$doc" | sed 's/^](//' | sort -u)
 done
-[ "$count" -gt 0 ] || { echo "FAIL: no \`\`\`cpp blocks found in $readme"; exit 1; }
+[ "$count" -gt 0 ] || { echo "FAIL: no \`\`\`cpp blocks found in ${docs[*]}"; exit 1; }
 while IFS= read -r line; do
   [ -z "$line" ] && continue
   case "$line" in "(computed for"*) continue ;; esac
   # The README shows LibTorch 1.13's matrix; from 2.3 the fp16 rows' CPU
   # column is "yes", and the Float8 rows' columns follow 2.5 (CUDA) and 2.8
-  # (CPU) (the README's second table says so).
+  # (CPU) (the README's version table says so).
   older=${line%| yes | yes |}"| no | yes |"
   float8_older=$(sed -E 's/\| (yes|no) \| (yes|no) \|$/| no | no |/' <<<"$line")
   if ! grep -qxF -- "$line" "$readme" && ! { [[ "$line" == *fp16* ]] && grep -qxF -- "$older" "$readme"; } &&
@@ -38,5 +54,5 @@ while IFS= read -r line; do
     echo "FAIL: README's support matrix lacks this computed row: $line"; fails=$((fails + 1))
   fi
 done < <("$matrix_bin")
-echo "$count C++ blocks checked, $fails failures"
+echo "$count C++ blocks checked in ${#docs[@]} files, $fails failures"
 [ "$fails" -eq 0 ]

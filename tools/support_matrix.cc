@@ -1,6 +1,6 @@
 // tools/support_matrix.cc: prints the policy table and the support matrix as
-// the traits compute them for the LibTorch this is built against. The README
-// shows this output; //tools:readme_test checks that it still matches.
+// the traits compute them for the LibTorch this is built against. The README's
+// support matrix is this output; //tools:readme_test checks that it still matches.
 #include <amp/amp.h>
 
 #include <iostream>

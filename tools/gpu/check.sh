@@ -72,7 +72,7 @@ fi
 
 # 3. With AMP_GPU_BENCH=1: amp's CUDA benchmarks (eager fused, unfused,
 #    captured; host syncs per step) and, right after, Python's torch.amp on
-#    the same models, for the ratios in the README.
+#    the same models, for the ratios in docs/performance.md.
 if [ "${AMP_GPU_BENCH:-0}" = 1 ] && [ -n "$(bin fused_step_bench)" ]; then
   "$(bin fused_step_bench)" --benchmark_filter=Cuda 2>&1 | tee "$logs/bench.log"
   stage "fused_step_bench (CUDA)" "${PIPESTATUS[0]}"

@@ -16,7 +16,7 @@
 // weight-cast cache off. Every tensor the step changes is updated in place
 // (parameters, optimizer state, step counters, scale), so N replays equal N
 // eager fused steps bit for bit, skips and scale changes included.
-// Requirements and limits: README, "Captured steps (CUDA graphs)".
+// Requirements and limits: docs/fused-step.md, "Captured steps (CUDA graphs)".
 #pragma once
 
 #include <ATen/ATen.h>

@@ -14,8 +14,8 @@
 // device, dtype) _foreach_add_(steps, 1), the kernel with grad_scale and
 // found_inf, _foreach_sub_(steps, found_inf); fp32 device step counters; the
 // state in the optimizer's own map, as LibTorch's first step makes it.
-// Differences from Python, sync rules and requirements: README, "The fused,
-// sync-free step", and optim/detail/fused_ops.h.
+// Requirements and sync rules: docs/fused-step.md; differences from Python:
+// docs/numerics.md; the kernels: optim/detail/fused_ops.h.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -29,7 +29,7 @@
 // the first LinearFn on). Only the ops user code calls itself are seen (the
 // key is excluded while a kernel runs); nothing is routed inside autocast's
 // kernels, where autocast is off (full_precision), or inside backward.
-// README "Linear routing" has the coverage (Bilinear, RNN cells,
+// docs/regions.md, "Linear routing", has the coverage (Bilinear, RNN cells,
 // MultiheadAttention) and what stays different.
 #pragma once
 

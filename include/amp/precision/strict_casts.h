@@ -12,7 +12,8 @@
 // (TESTING_ONLY_GenericMode) sees only the ops the user's code calls itself
 // and checks its casts to fp16/bf16; autocast's casts, full_precision islands
 // and backward() pass. Modes: kThrow (c10::Error), kWarn (once per dtype
-// pair), kOff. README "Strict casts" tells the mechanism and its limits.
+// pair), kOff. docs/regions.md ("Strict casts") tells the limits,
+// docs/maintainers.md ("How strict casts work") the mechanism.
 //
 // The default, kDefaultStrictCasts, is one build-wide setting:
 // AMP_STRICT_CASTS_DEFAULT (kThrow, kWarn or kOff; kThrow when unset), which
