@@ -569,6 +569,29 @@ TEST(TrainerModel, TrainsAStackModelHeldWithoutOwnership) {
   EXPECT_FALSE(torch::equal(w, second.fc1->weight));
 }
 
+// A loop of step() calls gets fit()'s progress line, every progress_every steps.
+TEST(Trainer, StepLoopPrintsProgressEveryNSteps) {
+  Data data(32);
+  auto net = std::make_shared<Net>();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  ::testing::internal::CaptureStderr();
+  {
+    amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> t(net, opt,
+                                                                   amp::TrainerOptions().progress_every(2));
+    for (int i = 0; i < 5; ++i) t.step([&](auto& r) { return loss_of(r, *net, data.x, data.y); });
+  }
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(out, ::testing::HasSubstr("bf16-mixed: optimizer path: "));
+  EXPECT_THAT(out, ::testing::ContainsRegex("bf16-mixed 2 loss [0-9.]+ scale 1 skipped 0"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("bf16-mixed 4 loss [0-9.]+ scale 1 skipped 0"));
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("bf16-mixed 5 loss")));  // only whole groups of 2
+
+  ::testing::internal::CaptureStderr();
+  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> quiet(net, opt, amp::TrainerOptions().progress(false));
+  for (int i = 0; i < 3; ++i) quiet.step([&](auto& r) { return loss_of(r, *net, data.x, data.y); });
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
 // --- fp16 pitfalls (issue 38): a warning on CPU, and masked_fill(-1e9) explained ---
 
 template <class P>

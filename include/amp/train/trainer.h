@@ -52,8 +52,11 @@ namespace amp {
 struct TrainerOptions {
   // Clipping and accumulation: the Stepper's (also spelled below).
   TORCH_ARG(StepperOptions, stepper) = {};
-  // A progress bar (a TTY) or periodic lines (otherwise) during fit().
+  // A progress bar (a TTY) or periodic lines (otherwise) during fit(), and
+  // in a loop that calls step() itself: every progress_every optimizer steps
+  // (one host read per line; fit() uses FitOptions::log_every).
   TORCH_ARG(bool, progress) = true;
+  TORCH_ARG(int64_t, progress_every) = 50;
   // What a raw x.to(torch::kHalf / kBFloat16) in the forward of a Mixed policy
   // does (amp/precision/strict_casts.h): kThrow, kWarn or kOff. Used by Trainer's region.
   TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
@@ -137,11 +140,11 @@ class Trainer {
       if constexpr (traits::uses_loss_scaling) {
         TORCH_CHECK(false, "amp: internal error: a loss-scaling Trainer with LBFGS passed setup()");
       } else {
-        return after_step(stepper_.closure_step([&] { return forward(fn); }));
+        return report(after_step(stepper_.closure_step([&] { return forward(fn); })));
       }
     }
     at::Tensor loss = forward(fn);
-    return after_step(stepper_.step(loss));
+    return report(after_step(stepper_.step(loss)));
   }
 
   // fn(region) for evaluation: under the policy's region, without autograd,
@@ -166,6 +169,10 @@ class Trainer {
         fo.checkpoint_every() == 0 || !fo.checkpoint_path().empty(),
         "amp: FitOptions::checkpoint_every is set but checkpoint_path is empty; set .checkpoint_path(\"ckpt.pt\")");
     auto&& range = detail::as_range(loader);
+    struct InFit {  // step() leaves the progress to fit()
+      bool& flag;
+      ~InFit() { flag = false; }
+    } in_fit{in_fit_ = true};
     History history;
     detail::Progress bar(options_.progress(), fo.max_steps(), precision, fo.log_every());
     bar.note(std::string("optimizer path: ") + optimizer_path());
@@ -328,6 +335,26 @@ class Trainer {
 
   CheckpointCounters counters() const { return CheckpointCounters{steps(), epoch_, batch_in_epoch_}; }
 
+  // A step loop's progress: fit()'s line, every progress_every optimizer steps.
+  StepResult report(StepResult r) {
+    if (in_fit_ || !options_.progress() || !r.boundary) return r;
+    if (!loop_bar_) {
+      TORCH_CHECK(options_.progress_every() >= 1, "amp: TrainerOptions::progress_every must be >= 1, got ",
+                  options_.progress_every());
+      loop_bar_ = std::make_unique<detail::Progress>(true, -1, precision, options_.progress_every());
+      loop_bar_->note(std::string("optimizer path: ") + optimizer_path());
+    }
+    StepMetrics m;
+    m.step = steps();
+    m.epoch = epoch_;
+    loop_pending_.add(m, r, scale_tensor());
+    if (static_cast<int64_t>(loop_pending_.size()) >= options_.progress_every()) {
+      History lines;  // not kept: a step loop keeps its own records
+      loop_pending_.flush(lines, *loop_bar_);
+    }
+    return r;
+  }
+
   // The checkpoint: model, optimizer, scaler, counters and a Float8 recipe's state.
   torch::serialize::OutputArchive state_archive() const {
     stepper_.sync_optimizer_state();  // the fused path's device step counters, into optimizer.state()
@@ -407,6 +434,9 @@ class Trainer {
   at::Tensor epoch_start_rng_;  // fit(): the CPU generator's state as this epoch began
   at::Tensor resume_rng_;       // after a mid-epoch load(): the checkpoint's, for fit() once it has skipped
   uint64_t generation_ = 0;  // counts apply()s (state_generation())
+  bool in_fit_ = false;
+  std::unique_ptr<detail::Progress> loop_bar_;  // a step loop's progress (report())
+  detail::PendingMetrics loop_pending_;
 };
 
 }  // namespace amp
