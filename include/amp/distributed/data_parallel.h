@@ -10,25 +10,40 @@
 //   dp.save(trainer, "ckpt.pt");                           // rank 0 writes; every rank: trainer.load("ckpt.pt")
 //
 // DataParallel is the Stepper's GradientSync (amp/train/stepper.h): a hook on every
-// parameter copies its gradient into a size-capped bucket (25 MiB, like
+// parameter puts its gradient into a size-capped bucket (25 MiB, like
 // torch's DDP) as backward produces it; a full bucket's all-reduce starts at
 // once (buckets in a fixed order, the same on every rank), overlapping the
-// rest of backward; finish_backward() waits for them, divides by the world
-// size and writes the averages into .grad. Micro-batches that do not end an
-// accumulation cycle communicate nothing (DDP's no_sync). Gradients are
-// averaged while scaled, so every rank unscales the same values, makes the
-// same skip decision and keeps the same loss scale (an inf on one rank reaches
-// all through the sum). Optionally the buckets travel as fp16 or bf16 (DDP's
-// fp16_compress_hook / bf16_compress_hook). A bucket whose dtype this
-// LibTorch's Gloo lacks (bf16 before 2.6) travels as an fp32 copy, averaged
-// in fp32 and rounded back once. Every wait is bounded by
-// ProcessGroupOptions::timeout: a dead or stopped peer is an amp: error.
+// rest of backward; finish_backward() waits for them and writes the averages
+// into .grad. The average is computed as torch DDP's reducer computes it
+// (reducer.cpp, no comm hook): each gradient is multiplied by 1/world_size
+// as it enters the bucket (at::mul_out with the double 1.0 / N as a wrapped
+// scalar), the all-reduce sums, and nothing is divided after (summing and
+// then dividing differs in the last bit for N = 3; for a power-of-two N the
+// two agree but for subnormal or overflowing values). Gloo's sum of an
+// element depends on its offset in the bucket, so the bits are DDP's where
+// the buckets hold the same parameters in the same order: amp's hold them in
+// reverse parameter order from the first step; DDP's first step uses
+// parameter order and later ones the order the gradients arrived in
+// (tests/parity/ddp_twin.py gives both sides the same layout and compares
+// the bits at 2, 3 and 4 processes). Micro-batches that do not end an
+// accumulation cycle communicate nothing (DDP's no_sync).
+// Gradients are averaged while scaled, so every rank unscales the same
+// values, makes the same skip decision and keeps the same loss scale (an inf
+// on one rank reaches all through the sum). Optionally the buckets travel as
+// fp16 or bf16, as DDP's fp16_compress_hook / bf16_compress_hook do it: the
+// gradients are copied into the bucket as they are, the bucket is cast to the
+// wire dtype and divided there by N (`buffer.to(dtype).div_(world_size)`),
+// summed, and copied back. A bucket whose dtype this LibTorch's Gloo lacks
+// (a build option: amp/detail/compat_c10d.h) travels as an fp32 copy, summed
+// in fp32 and rounded back once. Every wait is bounded by ProcessGroupOptions::timeout: a dead or
+// stopped peer is an amp: error.
 //
 // Needs Gloo's headers (Debian: libgloo-dev); defines USE_C10D_GLOO for them.
 #pragma once
 
 #include <torch/arg.h>
 #include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
 
 #include <algorithm>
 #include <atomic>
@@ -77,7 +92,6 @@ struct Bucket {
   std::vector<int64_t> offsets;  // each parameter's offset in flat
   std::vector<bool> ready;       // per parameter: its gradient is in flat
   size_t pending = 0;            // parameters not ready yet
-  bool divided = false;          // comm was divided by the world size before the sum (compression)
   c10::intrusive_ptr<c10d::Work> work;
 };
 }  // namespace detail
@@ -146,16 +160,14 @@ class DataParallel : public GradientSync {
       for (size_t k = 0; k < b.params.size(); ++k)
         if (!b.ready[k]) fill(b, k, at::Tensor());
     launch_ready();
-    const double ws = static_cast<double>(pg_.world_size());
     at::NoGradGuard no_grad;
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
       auto& b = buckets_[bi];
       pg_.wait(b.work,
                "gradient all-reduce (bucket " + std::to_string(bi) + " of " + std::to_string(buckets_.size()) + ")");
       b.work.reset();
-      // World size 1: the sum is the gradient itself and x / 1 is exact, so
-      // .grad ends as it would without DataParallel, bit for bit.
-      if (!b.divided) b.comm.div_(ws);
+      // The sum is the average (each term was scaled by 1/N on the way in);
+      // world size 1: the gradient itself, bit for bit.
       if (!b.comm.is_same(b.flat)) b.flat.copy_(b.comm);  // compressed or widened: back to the gradients' dtype
       b.comm.reset();
       for (size_t k = 0; k < b.params.size(); ++k) {
@@ -273,20 +285,30 @@ class DataParallel : public GradientSync {
   }
 
   // grad: this backward's contribution (undefined: none); the bucket gets the
-  // value .grad will hold after accumulation (earlier micro-batches + grad).
+  // value .grad will hold after accumulation (earlier micro-batches + grad),
+  // times 1/N without compression, as torch's reducer copies it in
+  // (mark_variable_ready_dense: at::mul_out(bucket_view, grad,
+  // wrapped_scalar_tensor(1.0 / N))); with compression, as it is (the
+  // reducer's copy_ when a comm hook is registered). No gradient at all:
+  // zeros (the reducer's zero_()).
   void fill(detail::Bucket& b, size_t k, const at::Tensor& grad) {
     at::NoGradGuard no_grad;
     const at::Tensor& p = params_[b.params[k]];
     at::Tensor s = slot(b, k);
     const at::Tensor old = p.grad();
-    if (grad.defined() && old.defined()) {
-      at::add_out(s, old, grad);
-    } else if (grad.defined()) {
-      s.copy_(grad);
-    } else if (old.defined()) {
-      s.copy_(old);
-    } else {
+    if (!grad.defined() && !old.defined()) {
       s.zero_();
+    } else {
+      // .grad after this backward: AccumulateGrad's old + grad (summed into
+      // the slot), or the one that is defined.
+      at::Tensor g = grad.defined() ? grad : old;
+      if (grad.defined() && old.defined()) g = at::add_out(s, old, grad);
+      if (options_.compression() != GradCompression::kNone) {
+        if (!g.is_same(s)) s.copy_(g);
+      } else {
+        // World size 1 multiplies by 1.0: exact, .grad as without DataParallel.
+        at::mul_out(s, g, at::native::wrapped_scalar_tensor(1.0 / static_cast<double>(pg_.world_size())));
+      }
     }
     b.ready[k] = true;
     --b.pending;
@@ -309,15 +331,18 @@ class DataParallel : public GradientSync {
     while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
       auto& b = buckets_[next_++];
       at::NoGradGuard no_grad;
-      b.divided = options_.compression() != GradCompression::kNone;
-      if (!b.divided) {
-        b.comm = b.flat;
+      if (options_.compression() == GradCompression::kNone) {
+        b.comm = b.flat;  // already times 1/N (fill)
       } else {
+        // fp16_compress_hook / bf16_compress_hook (torch/distributed/algorithms/
+        // ddp_comm_hooks/default_hooks.py): buffer.to(dtype).div_(world_size),
+        // the integer world size, in the wire dtype.
         const auto dt = options_.compression() == GradCompression::kFp16 ? at::kHalf : at::kBFloat16;
-        b.comm = b.flat.div(static_cast<double>(pg_.world_size())).to(dt);
+        b.comm = b.flat.to(dt);
+        b.comm.div_(static_cast<int64_t>(pg_.world_size()));
       }
-      // A dtype this LibTorch's Gloo lacks (bf16 gradients before 2.6): an
-      // fp32 copy is summed; finish_backward divides it and rounds it back.
+      // A dtype this LibTorch's Gloo lacks (16-bit gradients on some builds):
+      // an fp32 copy is summed; finish_backward rounds it back once.
       const c10::ScalarType wire = pg_.wire_dtype(b.comm);
       if (wire != b.comm.scalar_type()) b.comm = b.comm.to(wire);
       b.work = pg_.start_allreduce(b.comm, "gradient all-reduce");

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The data-parallel parity pair: amp::DataParallel against Python's DDP on the same LibTorch.
+#   ddp_twin_test.sh DDP_PARITY DDP_TWIN.py LAUNCH [N ...]      (default N: 2 3 4)
+# For each N: `LAUNCH -n N -- DDP_PARITY OUT` (rank 0 prints "ddp_parity: LibTorch X.Y on ..."),
+# then `DDP_TWIN.py OUT N...` with the first Python whose torch is the same X.Y; the twin
+# runs N DDP processes per world size and exits 1 on any difference.
+set -euo pipefail
+cpp_half=$1 twin=$2 launch=$3
+shift 3
+worlds=("$@")
+[ ${#worlds[@]} -gt 0 ] || worlds=(2 3 4)
+case "$cpp_half" in /*) ;; *) cpp_half="$PWD/$cpp_half" ;; esac
+case "$launch" in /*) ;; *) launch="$PWD/$launch" ;; esac
+out=${TEST_TMPDIR:-$(mktemp -d)}
+# One thread everywhere: the same reduction order whatever the machine, and no
+# OpenMP spinning against the tests Bazel runs beside this one. Collectives
+# wait at most AMP_DP_TIMEOUT_MS (a dead peer fails the run, never hangs it).
+export OMP_NUM_THREADS=1
+export AMP_DP_TIMEOUT_MS=${AMP_DP_TIMEOUT_MS:-120000}
+cpp=""
+for n in "${worlds[@]}"; do
+  rm -f "$out"/cpp_w"$n"_*
+  if ! "$launch" -n "$n" -- "$cpp_half" "$out" >"$out/cpp_half_w$n.log" 2>&1; then
+    cat "$out/cpp_half_w$n.log"
+    echo "FAIL: the C++ half on $n processes"
+    exit 1
+  fi
+  cat "$out/cpp_half_w$n.log"
+  cpp=$(sed -n 's/^\[0\] ddp_parity: LibTorch \([0-9.]*\) on .*/\1/p' "$out/cpp_half_w$n.log")
+done
+# The first Python with torch: CMake's (AMP_PYTHON), Debian's (python3-torch), the one on PATH.
+py=""
+for cand in "${AMP_PYTHON:-}" /usr/bin/python3 "$(command -v python3 || true)"; do
+  if [ -n "$cand" ] && "$cand" -c 'import torch.distributed' 2>/dev/null; then py=$cand; break; fi
+done
+if [ -z "$py" ]; then
+  echo "amp: $(basename "$twin") needs Python's torch built on the same LibTorch $cpp (Debian: python3-torch)"
+  exit 1
+fi
+pyv=$("$py" -c 'import torch; print(".".join(torch.__version__.split(".")[:2]))')
+if [ "$pyv" != "$cpp" ]; then
+  echo "amp: Python's torch is $pyv but amp was built against LibTorch $cpp; the comparison needs the same library"
+  exit 1
+fi
+rm -f "$out"/py_w*
+"$py" "$twin" "$out" "${worlds[@]}"
