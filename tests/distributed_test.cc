@@ -413,6 +413,43 @@ void resume(const std::string& path, int64_t expect_steps) {
             << trainer.steps() << std::endl;
 }
 
+// Rank 0's checkpoint holds every rank's random generators, each restored on
+// its own rank: steps that draw from each rank's own stream (inputs, dropout)
+// resume bitwise. Without the per-rank entries every rank would get rank 0's.
+void rng_resume(const std::string& path) {
+  auto pg = init();
+  struct Run {
+    std::vector<double> losses;  // the steps after the checkpoint (4, 5, 6)
+    std::vector<torch::Tensor> params;
+  };
+  auto run = [&](bool resume) {
+    torch::manual_seed(resume ? 77 : 0);  // a resumed process starts from other weights and streams
+    auto net = make_net();
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05));
+    amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+    amp::DataParallel dp(pg, trainer);
+    if (resume) {
+      trainer.load(path);
+    } else {
+      torch::manual_seed(500 + static_cast<uint64_t>(pg.rank()));  // each rank its own stream
+    }
+    Run out;
+    while (trainer.steps() < 6) {
+      const torch::Tensor x = torch::randn({8, 16}), y = x.narrow(1, 0, 4) * 2;
+      auto r = trainer.step([&](auto&) { return (torch::dropout(net->forward(x), 0.3, true) - y).pow(2).mean(); });
+      if (!resume && trainer.steps() == 3) amp::save_on_rank0(pg, trainer, path);
+      if (trainer.steps() > 3) out.losses.push_back(r.loss_value());
+    }
+    for (const auto& p : net->parameters()) out.params.push_back(p.detach().clone());
+    return out;
+  };
+  const Run straight = run(false), resumed = run(true);
+  check(straight.losses == resumed.losses, "the resumed losses differ from the uninterrupted run's");
+  for (size_t i = 0; i < straight.params.size(); ++i)
+    check(torch::equal(straight.params[i], resumed.params[i]), "parameter " + std::to_string(i) + " differs");
+  std::cout << "PASS " << g_case << " world " << pg.world_size() << ": 3 steps after the resume bitwise" << std::endl;
+}
+
 // No launcher: the rendezvous' errors (the caller sets the environment).
 void rendezvous_error(const std::string& expect) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -529,6 +566,8 @@ int main(int argc, char** argv) {
       train_and_die(a[1], std::stoll(a[2]), "", -1);
     else if (g_case == "die" && a.size() == 5)
       train_and_die(a[1], std::stoll(a[2]), a[3], std::stoll(a[4]));
+    else if (g_case == "rng_resume" && a.size() == 2)
+      rng_resume(a[1]);
     else if (g_case == "resume" && a.size() == 3)
       resume(a[1], std::stoll(a[2]));
     else if (g_case == "rendezvous_error" && a.size() == 2)

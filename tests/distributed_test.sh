@@ -23,9 +23,11 @@ run() {
 case "$group" in
   ranks2)
     for c in fp32 bf16 fp16 true_bf16 true_fp16 half_grads compress_fp16 compress_bf16 parity inf accumulate mismatch fit precision float8; do run 2 "$c"; done
+    run 2 rng_resume "$work/rng2.pt"
     ;;
   ranks4)
     for c in fp32 bf16 inf fit; do run 4 "$c"; done
+    run 3 rng_resume "$work/rng3.pt"
     # A checkpoint written by 2 processes resumes in 1 and in 4.
     run 2 train "$work/ckpt2.pt" 6
     run 1 resume "$work/ckpt2.pt" 6

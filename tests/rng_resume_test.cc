@@ -106,7 +106,7 @@ bool same(const Record& a, const Record& b) {
 // Trainer and a loop of step() calls. Resumes from `load` when given, saves at `save_at`.
 Record trainer_run(int64_t last, const std::string& load, int64_t save_at, const std::string& save, bool rng) {
   torch::manual_seed(load.empty() ? 0 : 123);  // a resumed process starts from other weights and generator
-  TinyGpt model;                              // LibTorch's `Net model;`, held without ownership
+  TinyGpt model;                               // LibTorch's `Net model;`, held without ownership
   torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(1e-2));
   amp::Trainer<Policy, amp::CPU> trainer(model, opt, amp::TrainerOptions().progress(false).rng_state(rng));
   if (!load.empty()) trainer.load(load);
@@ -149,7 +149,9 @@ struct Sequences : torch::data::datasets::Dataset<Sequences> {
     torch::manual_seed(7);
     data = torch::randint(kVocab, {64, kContext + 1});
   }
-  torch::data::Example<> get(size_t i) override { return {data[static_cast<int64_t>(i)], data[static_cast<int64_t>(i)]}; }
+  torch::data::Example<> get(size_t i) override {
+    return {data[static_cast<int64_t>(i)], data[static_cast<int64_t>(i)]};
+  }
   c10::optional<size_t> size() const override { return 64; }
 };
 
@@ -165,7 +167,8 @@ Record fit_run(int64_t last, const std::string& load, int64_t save_at, const std
       dataset.map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions().batch_size(8));
   amp::FitOptions fo = amp::FitOptions().max_epochs(2).max_steps(last);
   if (save_at > 0) fo.checkpoint_every(save_at).checkpoint_path(save);
-  amp::History h = trainer.fit(loader, [&](auto&, auto& batch) { return loss_of(model, batch.data); }, fo);
+  amp::History h = trainer.fit(
+      loader, [&](auto&, auto& batch) { return loss_of(model, batch.data); }, fo);
   Record r;
   for (const auto& s : h.steps) r.losses.push_back(s.loss);
   add_params(r, model);
@@ -201,8 +204,8 @@ std::string tmp_path(const std::string& name) {
 Record resume_in_child(const std::string& mode, int64_t last, bool rng, const std::string& ckpt) {
   const std::string out = tmp_path(mode + (rng ? "_on" : "_off") + ".out");
   std::string self = fs::read_symlink("/proc/self/exe").string();
-  std::string env = "AMP_RNG_CHILD=" + mode + ":" + std::to_string(last) + ":" + (rng ? "1" : "0") + ":" + ckpt +
-                    ":" + out;
+  std::string env =
+      "AMP_RNG_CHILD=" + mode + ":" + std::to_string(last) + ":" + (rng ? "1" : "0") + ":" + ckpt + ":" + out;
   std::vector<char*> envp;
   for (char** e = environ; *e; ++e) envp.push_back(*e);
   envp.push_back(env.data());
@@ -234,9 +237,7 @@ void expect_bitwise_resume(const std::string& mode, int64_t k, int64_t last) {
   EXPECT_NE(without.losses, tail.losses) << mode << ": without the generators' entry the resume should differ";
 }
 
-TEST(RngResume, TrainerStepLoopWithDropoutAndRandomBatchesResumesBitwise) {
-  expect_bitwise_resume("trainer", 4, 9);
-}
+TEST(RngResume, TrainerStepLoopWithDropoutAndRandomBatchesResumesBitwise) { expect_bitwise_resume("trainer", 4, 9); }
 
 TEST(RngResume, PrecisionResumesBitwise) { expect_bitwise_resume("precision", 4, 9); }
 

@@ -576,8 +576,7 @@ TEST(Trainer, StepLoopPrintsProgressEveryNSteps) {
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
   ::testing::internal::CaptureStderr();
   {
-    amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> t(net, opt,
-                                                                   amp::TrainerOptions().progress_every(2));
+    amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> t(net, opt, amp::TrainerOptions().progress_every(2));
     for (int i = 0; i < 5; ++i) t.step([&](auto& r) { return loss_of(r, *net, data.x, data.y); });
   }
   const std::string out = ::testing::internal::GetCapturedStderr();
@@ -611,9 +610,10 @@ void expect_fp16_pitfalls_explained(const std::string& name) {
     return [&, fill](auto&) { return torch::softmax(lin(x).masked_fill(mask, fill), 1).to(torch::kFloat32).sum(); };
   };
   const std::string msg = amp_test::error_of([&] { t.step(masked(-1e9)); });
-  EXPECT_THAT(msg, ::testing::HasSubstr("amp: a scalar does not fit fp16 (largest finite value 65504) inside the "
-                                        "forward of a " +
-                                        name + " region; a common cause is attention's `scores.masked_fill(mask, -1e9)`"));
+  EXPECT_THAT(msg,
+              ::testing::HasSubstr("amp: a scalar does not fit fp16 (largest finite value 65504) inside the "
+                                   "forward of a " +
+                                   name + " region; a common cause is attention's `scores.masked_fill(mask, -1e9)`"));
   EXPECT_THAT(msg, ::testing::HasSubstr("-std::numeric_limits<float>::infinity()"));
   EXPECT_THAT(msg, ::testing::HasSubstr("LibTorch says: value cannot be converted to type at::Half without overflow"));
   // The fix the message names trains.
@@ -637,9 +637,8 @@ TEST(Fp16Pitfalls, Fp16TrainersOnCpuWarnAndExplainMaskedFillOverflow) {
                                         "forward of a 16-mixed region"));
   EXPECT_THAT(msg, ::testing::HasSubstr("LibTorch says: value cannot be converted to type at::Half without overflow"));
   // Other errors pass through unchanged.
-  EXPECT_THAT(amp_test::error_of([&] {
-                amp::detail::explain_fp16_errors<amp::True<amp::fp16>>([&] { return scores.view({3}); });
-              }),
+  EXPECT_THAT(amp_test::error_of(
+                  [&] { amp::detail::explain_fp16_errors<amp::True<amp::fp16>>([&] { return scores.view({3}); }); }),
               ::testing::HasSubstr("shape '[3]' is invalid for input of size 4"));
   expect_explained_where_supported<amp::True<amp::fp16>>();
   expect_explained_where_supported<amp::Mixed<amp::fp16, amp::DynamicScaler>>();

@@ -78,11 +78,6 @@ struct DataParallelOptions {
 };
 
 namespace detail {
-template <class T, class = void>
-struct has_stepper : std::false_type {};
-template <class T>
-struct has_stepper<T, std::void_t<decltype(std::declval<T&>().stepper().set_gradient_sync(nullptr))>> : std::true_type {
-};
 
 // One flat all-reduce buffer for a run of same-dtype parameters.
 struct Bucket {
@@ -185,6 +180,24 @@ class DataParallel : public GradientSync {
   // Float8 delayed scaling's amaxes of the step: their largest over the ranks
   // (one all-reduce), so that every rank computes the same scales.
   void reduce_max(at::Tensor& t) override { pg_.allreduce_max(t, "float8 amax all-reduce"); }
+
+  // Checkpoints hold every rank's random generators, each restored on its
+  // own rank ("amp/rng/rank<r>/"; rank 0's also as "amp/rng/", which a single
+  // process reads). gather_rng() (every rank; save_on_rank0 calls it) collects
+  // them for rank 0's next write; without it a checkpoint holds this rank's.
+  void write_rng(torch::serialize::OutputArchive& archive) const override {
+    const std::vector<detail::RngStates> all =
+        gathered_rng_.empty() ? std::vector<detail::RngStates>{detail::capture_rng()} : gathered_rng_;
+    const int first = gathered_rng_.empty() ? pg_.rank() : 0;
+    for (size_t r = 0; r < all.size(); ++r) {
+      const int rank = first + static_cast<int>(r);
+      detail::write_rng(archive, all[r], "amp/rng/rank" + std::to_string(rank) + "/");
+      if (rank == 0) detail::write_rng(archive, all[r], "amp/rng/");
+    }
+  }
+  std::string rng_prefix() const override { return "amp/rng/rank" + std::to_string(pg_.rank()) + "/"; }
+  void gather_rng() { gathered_rng_ = detail::allgather_rng(pg_, detail::capture_rng()); }
+  void forget_gathered_rng() { gathered_rng_.clear(); }
 
   // All-reduces issued so far (one per bucket per optimizer step), and the bucket count.
   int64_t allreduces() const { return allreduces_.load(); }
@@ -361,6 +374,7 @@ class DataParallel : public GradientSync {
   size_t next_ = 0;
   bool active_ = false;
   std::atomic<int64_t> allreduces_{0};
+  std::vector<detail::RngStates> gathered_rng_;  // every rank's, between gather_rng() and the save
 };
 
 // Rank 0 writes trainer.save(path) (atomically); every rank returns once it
@@ -369,6 +383,15 @@ class DataParallel : public GradientSync {
 template <class T>
 void save_on_rank0(const ProcessGroup& pg, const T& trainer, const std::string& path) {
   std::string error;
+  // Every rank's generators into rank 0's checkpoint (when trainer's GradientSync is a DataParallel).
+  auto* dp = dynamic_cast<DataParallel*>(detail::gradient_sync_of(trainer));
+  if (dp != nullptr) dp->gather_rng();
+  struct Forget {
+    DataParallel* dp;
+    ~Forget() {
+      if (dp != nullptr) dp->forget_gathered_rng();
+    }
+  } forget{dp};
   if (pg.rank() == 0) {
     try {
       trainer.save(path);

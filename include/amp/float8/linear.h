@@ -46,8 +46,7 @@ inline std::vector<std::pair<std::string, torch::nn::LinearImpl*>> linears_of(co
   if (const auto* self = dynamic_cast<const torch::nn::LinearImpl*>(&model))
     out.emplace_back("linear", const_cast<torch::nn::LinearImpl*>(self));
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get()))
-      out.emplace_back(item.key(), linear);
+    if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get())) out.emplace_back(item.key(), linear);
   }
   return out;
 }

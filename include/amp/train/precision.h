@@ -294,7 +294,7 @@ class Precision {
     torch::serialize::OutputArchive archive =
         detail::checkpoint_archive(precision, CheckpointCounters{steps_, 0, 0}, modules, optimizers, scaler_);
     float8_.write(archive);
-    if (options_.rng_state()) detail::write_rng(archive, detail::capture_rng(), "amp/rng/");
+    if (options_.rng_state()) detail::write_rng(archive, sync_);
     return archive;
   }
 
@@ -310,7 +310,7 @@ class Precision {
     for (const auto& m : models_) modules.push_back(m.get());
     for (const auto& part : parts_) optimizers.push_back(&part->optimizer());
     std::optional<detail::RngStates> rng;  // checked before anything changes
-    if (options_.rng_state()) rng = detail::read_rng(archive, "amp/rng/");
+    if (options_.rng_state()) rng = detail::read_rng(archive, detail::rng_prefix(sync_));
     steps_ = detail::apply_checkpoint(archive, modules, optimizers, scaler_).step;
     float8_.read(archive);
     if (rng) detail::restore_rng(*rng);

@@ -24,6 +24,7 @@
 
 #include "amp/optim/optimizer_step.h"
 #include "amp/core/scaler_concept.h"
+#include "amp/train/detail/rng_state.h"
 
 namespace amp {
 
@@ -57,9 +58,42 @@ class GradientSync {
   // t's elementwise largest over the processes, in place (float8 delayed
   // scaling's amaxes, once per optimizer step); nothing to do for one process.
   virtual void reduce_max(at::Tensor& t) { (void)t; }
+  // Checkpoints: the random generators' entries a checkpoint written here
+  // holds (every process's, for several), and the prefix under which this
+  // process finds its own on load (train/detail/rng_state.h).
+  virtual void write_rng(torch::serialize::OutputArchive& archive) const {
+    detail::write_rng(archive, detail::capture_rng(), "amp/rng/");
+  }
+  virtual std::string rng_prefix() const { return "amp/rng/"; }
 };
 
 namespace detail {
+// This process's generators into a checkpoint (every process's through a GradientSync).
+inline void write_rng(torch::serialize::OutputArchive& archive, const GradientSync* sync) {
+  if (sync != nullptr) {
+    sync->write_rng(archive);
+  } else {
+    write_rng(archive, capture_rng(), "amp/rng/");
+  }
+}
+inline std::string rng_prefix(const GradientSync* sync) { return sync != nullptr ? sync->rng_prefix() : "amp/rng/"; }
+// T has a Stepper (a Trainer), not a GradientSync of its own (a Precision).
+template <class T, class = void>
+struct has_stepper : std::false_type {};
+template <class T>
+struct has_stepper<T, std::void_t<decltype(std::declval<T&>().stepper().set_gradient_sync(nullptr))>> : std::true_type {
+};
+
+// The GradientSync a Trainer's Stepper or a Precision has installed (nullptr: none).
+template <class T>
+GradientSync* gradient_sync_of(const T& trainer) {
+  if constexpr (has_stepper<T>::value) {
+    return trainer.stepper().gradient_sync();
+  } else {
+    return trainer.gradient_sync();
+  }
+}
+
 // An optimizer that re-evaluates the loss inside step(closure).
 inline bool closure_based(const torch::optim::Optimizer& opt) {
   return dynamic_cast<const torch::optim::LBFGS*>(&opt) != nullptr;

@@ -204,7 +204,8 @@ class Trainer {
       for (auto&& batch : range) {
         // After a mid-epoch load(): skip the batches that were already trained on.
         if (batch_index++ < batch_in_epoch_) continue;
-        if (resume_rng.defined()) detail::set_state_of(at::detail::getDefaultCPUGenerator(), std::exchange(resume_rng, {}));
+        if (resume_rng.defined())
+          detail::set_state_of(at::detail::getDefaultCPUGenerator(), std::exchange(resume_rng, {}));
         StepResult r = step([&](region_type& region) { return fn(region, batch); });
         ++batch_in_epoch_;
         if (!r.boundary) continue;
@@ -362,7 +363,7 @@ class Trainer {
         detail::checkpoint_archive(precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
     float8_.write(archive);
     if (options_.rng_state()) {
-      detail::write_rng(archive, detail::capture_rng(), "amp/rng/");
+      detail::write_rng(archive, stepper_.gradient_sync());
       if (batch_in_epoch_ > 0 && epoch_start_rng_.defined())
         archive.write("amp/rng/epoch_start_cpu", epoch_start_rng_, /*is_buffer=*/true);
     }
@@ -394,7 +395,7 @@ class Trainer {
     std::optional<detail::RngStates> rng;
     at::Tensor epoch_start;
     if (options_.rng_state()) {
-      rng = detail::read_rng(archive, "amp/rng/");
+      rng = detail::read_rng(archive, detail::rng_prefix(stepper_.gradient_sync()));
       if (archive.try_read("amp/rng/epoch_start_cpu", epoch_start, /*is_buffer=*/true)) {
         TORCH_CHECK(epoch_start.scalar_type() == at::kByte && epoch_start.numel() == detail::cpu_rng_state().numel(),
                     "amp: the checkpoint's random-generator entry 'amp/rng/epoch_start_cpu' is not a CPU generator "
@@ -433,7 +434,7 @@ class Trainer {
   int64_t batch_in_epoch_ = 0;
   at::Tensor epoch_start_rng_;  // fit(): the CPU generator's state as this epoch began
   at::Tensor resume_rng_;       // after a mid-epoch load(): the checkpoint's, for fit() once it has skipped
-  uint64_t generation_ = 0;  // counts apply()s (state_generation())
+  uint64_t generation_ = 0;     // counts apply()s (state_generation())
   bool in_fit_ = false;
   std::unique_ptr<detail::Progress> loop_bar_;  // a step loop's progress (report())
   detail::PendingMetrics loop_pending_;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "amp/distributed/process_group.h"
+#include "amp/train/detail/rng_state.h"
 
 namespace amp::detail {
 
@@ -115,6 +116,43 @@ inline std::vector<std::vector<size_t>> assign_buckets(const std::vector<at::Ten
     bytes += size;
   }
   return buckets;
+}
+
+// Every rank's generator states (the same number of bytes on every rank for
+// the CPU generator; CUDA devices may differ): one padded all-gather.
+inline std::vector<RngStates> allgather_rng(const ProcessGroup& pg, const RngStates& mine) {
+  // [cpu bytes, n cuda, each cuda's bytes, then the bytes], as int64.
+  std::vector<int64_t> flat{mine.cpu.numel(), static_cast<int64_t>(mine.cuda.size())};
+  for (const auto& t : mine.cuda) flat.push_back(t.numel());
+  auto append = [&](const at::Tensor& t) {
+    const uint8_t* p = t.contiguous().data_ptr<uint8_t>();
+    flat.insert(flat.end(), p, p + t.numel());
+  };
+  append(mine.cpu);
+  for (const auto& t : mine.cuda) append(t);
+  const at::Tensor len = at::full({1}, static_cast<int64_t>(flat.size()), at::kLong);
+  int64_t max_len = 0;
+  for (const auto& t : pg.allgather(len, "random-generator gather")) max_len = std::max(max_len, t.item<int64_t>());
+  at::Tensor padded = at::zeros({max_len}, at::kLong);
+  std::copy(flat.begin(), flat.end(), padded.data_ptr<int64_t>());
+  std::vector<RngStates> all;
+  for (const auto& t : pg.allgather(padded, "random-generator gather")) {
+    const int64_t* d = t.data_ptr<int64_t>();
+    size_t pos = 0;
+    auto bytes = [&](int64_t n, size_t& at_pos) {
+      at::Tensor out = at::empty({n}, at::kByte);
+      for (int64_t i = 0; i < n; ++i) out.data_ptr<uint8_t>()[i] = static_cast<uint8_t>(d[at_pos++]);
+      return out;
+    };
+    const int64_t cpu_n = d[pos++], n_cuda = d[pos++];
+    std::vector<int64_t> cuda_n(d + pos, d + pos + n_cuda);
+    pos += static_cast<size_t>(n_cuda);
+    RngStates s;
+    s.cpu = bytes(cpu_n, pos);
+    for (int64_t n : cuda_n) s.cuda.push_back(bytes(n, pos));
+    all.push_back(std::move(s));
+  }
+  return all;
 }
 
 }  // namespace amp::detail
