@@ -382,7 +382,7 @@ void train_and_die(const std::string& path, int64_t steps, const std::string& ho
       auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
       t0 = std::chrono::steady_clock::now();
       trainer.step([&](auto&) { return torch::mse_loss(net->forward(x), y); });
-      dp.save(trainer, path);
+      amp::save_on_rank0(pg, trainer, path);
     }
   } catch (const c10::Error& e) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

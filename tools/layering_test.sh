@@ -11,7 +11,7 @@
 #   train        Stepper, History, checkpoints, Trainer, Precision
 #   capture      CapturedStep: the step as a CUDA graph
 #   distributed  ProcessGroup, DataParallel (c10d)
-#   (umbrella)   amp.h, distributed.h, testing.h; autocast.h and region.h, deprecated paths
+#   (umbrella)   amp.h, distributed.h, testing.h
 #
 # Also checked: a layer's detail/ folder is included only from that layer; a
 # header in a detail/ folder declares names in amp::detail only (public names
@@ -26,7 +26,6 @@ rank_of() {  # the layer rank of a path relative to include/ (amp/...)
   case "$rel" in
     version.h) name=detail ;;
     amp.h | distributed.h | testing.h) name=umbrella ;;
-    autocast.h | region.h) name=umbrella ;;  # deprecated paths (docs/maintainers.md)
     */*) name=${rel%%/*} ;;
     *) echo -1; return ;;
   esac

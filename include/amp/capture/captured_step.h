@@ -3,7 +3,7 @@
 // backward, inf/NaN check, clipping, the fused optimizer step and the scale
 // update, one graph launch per step instead of hundreds of kernel launches.
 //
-//   amp::Trainer<amp::Mixed<amp::fp16, amp::DynamicScaler>> trainer(model, optimizer);
+//   amp::Trainer<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA> trainer(model, optimizer);
 //   auto step = trainer.capture([&](auto& region, const Batch& b) { return loss_of(model, b); }, example_batch);
 //   for (const Batch& b : batches) {
 //     amp::StepResult r = step(b);   // copies b into the graph's inputs, replays; no host sync

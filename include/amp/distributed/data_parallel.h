@@ -7,7 +7,7 @@
 //   amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(model, optimizer);
 //   amp::DataParallel dp(pg, trainer);                     // same shapes on every rank? rank 0's weights to all
 //   for (...) trainer.step([&](auto&) { return loss_on_my_shard(); });   // gradients averaged across ranks
-//   dp.save(trainer, "ckpt.pt");                           // rank 0 writes; every rank: trainer.load("ckpt.pt")
+//   amp::save_on_rank0(pg, trainer, "ckpt.pt");            // rank 0 writes; every rank: trainer.load("ckpt.pt")
 //
 // DataParallel is the Stepper's GradientSync (amp/train/stepper.h): a hook on every
 // parameter puts its gradient into a size-capped bucket (25 MiB, like
@@ -214,12 +214,6 @@ class DataParallel : public GradientSync {
   bool is_main() const { return pg_.rank() == 0; }
   void barrier() const { pg_.barrier(); }
   const ProcessGroup& process_group() const { return pg_; }
-
-  // Deprecated spellings (amp 0.1's README): amp::save_on_rank0 and amp::fit_sharded below.
-  template <class T>
-  void save(const T& trainer, const std::string& path) const;
-  template <class T, class Range, class F>
-  History fit(T& trainer, const Range& batches, F&& fn, FitOptions fo = FitOptions());
 
  private:
   static constexpr unsigned kNoHook = static_cast<unsigned>(-1);
@@ -435,15 +429,6 @@ History fit_sharded(const ProcessGroup& pg, T& trainer, const Range& batches, F&
   for (size_t i = 0; i < history.steps.size(); ++i)
     history.steps[i].loss = losses[static_cast<int64_t>(i)].item<double>() / static_cast<double>(world);
   return history;
-}
-
-template <class T>
-void DataParallel::save(const T& trainer, const std::string& path) const {
-  save_on_rank0(pg_, trainer, path);
-}
-template <class T, class Range, class F>
-History DataParallel::fit(T& trainer, const Range& batches, F&& fn, FitOptions fo) {
-  return fit_sharded(pg_, trainer, batches, std::forward<F>(fn), std::move(fo));
 }
 
 }  // namespace amp

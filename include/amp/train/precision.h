@@ -69,7 +69,7 @@ struct SetupOptions {
   TORCH_ARG(bool, fused) = true;
 };
 
-template <class Policy, class Device = CUDA>
+template <class Policy, class Device>
 class Precision {
   static_assert(require_supported<Policy, Device>());
 

@@ -105,7 +105,7 @@ struct StepCapturer {
 
 }  // namespace detail
 
-template <class Policy, class Device = CUDA>
+template <class Policy, class Device>
 class Trainer {
   static_assert(require_supported<Policy, Device>());
 
