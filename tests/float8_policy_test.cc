@@ -120,7 +120,7 @@ TEST(Float8Policy, DelayedTrainerIsTheRecipeByHandStateIncluded) {
   trainer.save_state(state);
   torch::serialize::InputArchive archive;
   archive.load_from(state);
-  f8::TrainingState<amp::Delayed<4, 1>> holder;
+  f8::detail::TrainingState<amp::Delayed<4, 1>> holder;
   holder.track(*b);
   holder.read(archive);
   for (const auto& item : fp8.state_dict()) {
@@ -216,7 +216,8 @@ TEST(Float8Policy, CoverageNamesTheLinearsKeptInBf16) {
   const f8::Coverage c = f8::coverage(*net);
   EXPECT_EQ(c.converted, (std::vector<std::string>{"fc1", "fc2"}));
   EXPECT_EQ(c.kept, (std::vector<std::string>{"head [10, 32]"}));
-  EXPECT_EQ(f8::describe(c), "float8: 2 linear(s), 1 kept in bf16 (dimensions not multiples of 16: head [10, 32])");
+  EXPECT_EQ(f8::detail::describe(c),
+            "float8: 2 linear(s), 1 kept in bf16 (dimensions not multiples of 16: head [10, 32])");
 }
 
 // The linears really run in float8: the output differs from plain bf16

@@ -7,7 +7,7 @@
 //   bool ok = amp::device_traits<Dev>::available();        // a CUDA device is visible
 //
 // Adding a device (XPU, MPS, ...) is one device_traits specialization, its
-// entry in amp::all_devices, and its rows in rules.h's support matrix;
+// entry in amp::detail::all_devices, and its rows in rules.h's support matrix;
 // everything else (messages, kernel choice, autocast keys) is derived.
 #pragma once
 
@@ -58,10 +58,10 @@ struct device_traits<CUDA> {
   }
 };
 
+namespace detail {
 // Every device tag amp knows, for run-time lookups by c10::DeviceType.
 using all_devices = std::tuple<CPU, CUDA>;
 
-namespace detail {
 template <class Dev, class = void>
 struct is_device_impl : std::false_type {};
 template <class Dev>
@@ -77,20 +77,20 @@ constexpr c10::DispatchKey autocast_key_in(c10::DeviceType type, std::tuple<Devs
   ((type == device_traits<Devs>::device_type ? (key = device_traits<Devs>::autocast_key, true) : false) || ...);
   return key;
 }
-}  // namespace detail
-
-template <class Dev>
-inline constexpr bool is_device_v = detail::is_device_impl<Dev>::value;
 
 // Whether the GradScaler kernels run on tensors of `type`. A device amp has no
 // tag for takes the portable path, which is made of ordinary ATen ops.
 constexpr bool has_amp_kernels(c10::DeviceType type) {
-  return detail::has_amp_kernels_in(type, static_cast<all_devices*>(nullptr));
+  return has_amp_kernels_in(type, static_cast<all_devices*>(nullptr));
 }
 
 // The autocast dispatch key of `type`; Undefined for a device amp has no tag for.
 constexpr c10::DispatchKey autocast_key(c10::DeviceType type) {
-  return detail::autocast_key_in(type, static_cast<all_devices*>(nullptr));
+  return autocast_key_in(type, static_cast<all_devices*>(nullptr));
 }
+}  // namespace detail
+
+template <class Dev>
+inline constexpr bool is_device_v = detail::is_device_impl<Dev>::value;
 
 }  // namespace amp

@@ -34,13 +34,15 @@ namespace amp {
 //    at run time), CPU from 2.8 (emulated: for correctness, not speed).
 // ---------------------------------------------------------------------------
 
+namespace detail {
+
 // Can autocast compute in Dtype on Device with this LibTorch?
 template <class Dtype, class Device>
 inline constexpr bool autocast_supported_v = false;
 template <>
 inline constexpr bool autocast_supported_v<bf16, CPU> = true;
 template <>
-inline constexpr bool autocast_supported_v<fp16, CPU> = detail::compat::kCpuHasFp16;
+inline constexpr bool autocast_supported_v<fp16, CPU> = compat::kCpuHasFp16;
 template <>
 inline constexpr bool autocast_supported_v<bf16, CUDA> = true;
 template <>
@@ -56,7 +58,7 @@ inline constexpr bool true_precision_supported_v<fp32, CPU> = true;
 template <>
 inline constexpr bool true_precision_supported_v<bf16, CPU> = true;
 template <>
-inline constexpr bool true_precision_supported_v<fp16, CPU> = detail::compat::kCpuHasFp16;
+inline constexpr bool true_precision_supported_v<fp16, CPU> = compat::kCpuHasFp16;
 template <>
 inline constexpr bool true_precision_supported_v<fp64, CUDA> = true;
 template <>
@@ -73,48 +75,50 @@ inline constexpr bool true_precision_supported_v<fp16, CUDA> = true;
 template <class Device>
 inline constexpr bool float8_supported_v = false;
 template <>
-inline constexpr bool float8_supported_v<CPU> = detail::compat::kCpuHasScaledMm;
+inline constexpr bool float8_supported_v<CPU> = compat::kCpuHasScaledMm;
 template <>
-inline constexpr bool float8_supported_v<CUDA> = detail::compat::kHasFloat8Matmul;
+inline constexpr bool float8_supported_v<CUDA> = compat::kHasFloat8Matmul;
 
 // ---------------------------------------------------------------------------
 // Validity: one trait per rule, then their conjunction.
 // ---------------------------------------------------------------------------
 // Rule: Mixed needs a 16-bit compute dtype.
 template <class P>
-inline constexpr bool mixed_has_half_compute_v = !is_mixed_v<P> || is_half_precision_v<detail::mixed_compute_t<P>>;
+inline constexpr bool mixed_has_half_compute_v = !is_mixed_v<P> || is_half_precision_v<mixed_compute_t<P>>;
 // Rule: the Scaler of a Mixed policy has the scaler interface.
 template <class P>
-inline constexpr bool mixed_has_scaler_v = !is_mixed_v<P> || is_scaler_v<detail::mixed_scaler_t<P>>;
+inline constexpr bool mixed_has_scaler_v = !is_mixed_v<P> || is_scaler_v<mixed_scaler_t<P>>;
 // Rule: a user-defined Scaler names itself (kName), so the policy has a
 // precision name for checkpoints and fit()'s output.
 template <class P>
 inline constexpr bool mixed_scaler_named_v =
-    !is_mixed_v<P> || detail::builtin_scaler<detail::mixed_scaler_t<P>>::value ||
-    detail::has_scaler_name<detail::mixed_scaler_t<P>>::value;
+    !is_mixed_v<P> || builtin_scaler<mixed_scaler_t<P>>::value || has_scaler_name<mixed_scaler_t<P>>::value;
 
 // Rule: fp16 needs loss scaling.
 template <class P>
-inline constexpr bool fp16_is_scaled_v = !is_mixed_v<P> || !std::is_same_v<detail::mixed_compute_t<P>, fp16> ||
-                                         uses_loss_scaling_v<detail::mixed_scaler_t<P>>;
+inline constexpr bool fp16_is_scaled_v =
+    !is_mixed_v<P> || !std::is_same_v<mixed_compute_t<P>, fp16> || uses_loss_scaling_v<mixed_scaler_t<P>>;
 // Rule: bf16 must not be loss-scaled.
 template <class P>
-inline constexpr bool bf16_is_unscaled_v = !is_mixed_v<P> || !std::is_same_v<detail::mixed_compute_t<P>, bf16> ||
-                                           !uses_loss_scaling_v<detail::mixed_scaler_t<P>>;
+inline constexpr bool bf16_is_unscaled_v =
+    !is_mixed_v<P> || !std::is_same_v<mixed_compute_t<P>, bf16> || !uses_loss_scaling_v<mixed_scaler_t<P>>;
 // Rule: True<D> needs a dtype tag.
 template <class P>
-inline constexpr bool true_has_dtype_v = !is_true_v<P> || is_dtype_v<detail::true_dtype_t<P>>;
+inline constexpr bool true_has_dtype_v = !is_true_v<P> || is_dtype_v<true_dtype_t<P>>;
 // Rule: Float8<R> needs a float8 recipe (Tensorwise, Delayed<H >= 1, 0 <= M < 64>).
 template <class P>
-inline constexpr bool float8_has_recipe_v = !is_float8_v<P> || is_float8_recipe_v<detail::float8_recipe_t<P>>;
+inline constexpr bool float8_has_recipe_v = !is_float8_v<P> || is_float8_recipe_v<float8_recipe_t<P>>;
 // Rule: Float8 takes no Scaler: what is not float8 computes in bf16.
 template <class P>
-inline constexpr bool float8_is_unscaled_v = !is_float8_v<P> || std::is_same_v<detail::float8_scaler_t<P>, NoScaler>;
+inline constexpr bool float8_is_unscaled_v = !is_float8_v<P> || std::is_same_v<float8_scaler_t<P>, NoScaler>;
+
+}  // namespace detail
 
 template <class P>
 inline constexpr bool is_valid_policy_v =
-    is_policy_v<P>&& mixed_has_half_compute_v<P>&& mixed_has_scaler_v<P>&& fp16_is_scaled_v<P>&& bf16_is_unscaled_v<P>&&
-        true_has_dtype_v<P>&& mixed_scaler_named_v<P>&& float8_has_recipe_v<P>&& float8_is_unscaled_v<P>;
+    is_policy_v<P>&& detail::mixed_has_half_compute_v<P>&& detail::mixed_has_scaler_v<P>&& detail::fp16_is_scaled_v<P>&&
+        detail::bf16_is_unscaled_v<P>&& detail::true_has_dtype_v<P>&& detail::mixed_scaler_named_v<P>&&
+            detail::float8_has_recipe_v<P>&& detail::float8_is_unscaled_v<P>;
 
 namespace detail {
 template <class P, class Device, bool Valid = is_valid_policy_v<P>&& is_device_v<Device>>
@@ -146,8 +150,8 @@ constexpr bool check_policy() {
     static_assert(
         is_policy_v<P>,
         "amp: expected a precision policy (amp::Mixed<Compute, Scaler>, amp::True<Dtype> or amp::Float8<Recipe>) "
-        "but got another type; use e.g. amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>> or "
-        "amp::Trainer<amp::True<amp::fp32>>");
+        "but got another type; use e.g. amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> or "
+        "amp::Trainer<amp::True<amp::fp32>, amp::CUDA>");
     return false;
   } else if constexpr (!float8_has_recipe_v<P>) {
     static_assert(float8_has_recipe_v<P>,

@@ -53,6 +53,8 @@ inline Coverage coverage(const torch::nn::Module& model) {
   return out;
 }
 
+namespace detail {  // what Trainer and Precision use
+
 // "float8: 3 linears, 1 kept in bf16 (head [10, 64])".
 inline std::string describe(const Coverage& c) {
   std::string s = "float8: " + std::to_string(c.converted.size()) + " linear(s)";
@@ -153,6 +155,7 @@ class TrainingState<Delayed<H, M>> {
 
 #endif  // AMP_DETAIL_HAS_FLOAT8_MATMUL
 
+}  // namespace detail
 }  // namespace float8
 
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL

@@ -250,7 +250,7 @@ class Precision {
     for (const auto& m : models_)
       if (m.get() == module.get()) return;
     detail::setup_model<Policy, Device>(*module, "Precision", "before prec.setup(model)");
-    if constexpr (is_float8_v<Policy>) float8::check_device(module->parameters().front().device());
+    if constexpr (is_float8_v<Policy>) float8::detail::check_device(module->parameters().front().device());
     float8_.track(*module, std::to_string(models_.size()) + ".");  // model i's linears: "<i>.<path>"
     models_.push_back(module);
   }
@@ -341,7 +341,7 @@ class Precision {
   std::vector<char> stepped_;
   GradientSync* sync_ = nullptr;
   int64_t steps_ = 0;
-  float8::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories
+  float8::detail::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories
 };
 
 }  // namespace amp

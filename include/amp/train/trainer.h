@@ -176,7 +176,7 @@ class Trainer {
     History history;
     detail::Progress bar(options_.progress(), fo.max_steps(), precision, fo.log_every());
     bar.note(std::string("optimizer path: ") + optimizer_path());
-    if constexpr (is_float8_v<Policy>) bar.note(float8::describe(float8::coverage(*module_)));
+    if constexpr (is_float8_v<Policy>) bar.note(float8::detail::describe(float8::coverage(*module_)));
     detail::PendingMetrics pending;
     auto flush = [&] { pending.flush(history, bar); };
     bool stop = fo.max_steps() >= 0 && steps() >= fo.max_steps();
@@ -320,8 +320,8 @@ class Trainer {
   bool fused() const { return stepper_.fused(); }
   std::string optimizer_path() const { return stepper_.optimizer_path(); }
   int64_t epoch() const { return epoch_; }
-  // A Float8 policy's recipe state (float8::TrainingState: Delayed's scales and histories).
-  const float8::TrainingState<detail::float8_recipe_t<Policy>>& float8_state() const { return float8_; }
+  // A Float8 policy's recipe state (float8::detail::TrainingState: Delayed's scales and histories).
+  const float8::detail::TrainingState<detail::float8_recipe_t<Policy>>& float8_state() const { return float8_; }
 
  private:
   // The scale as a tensor without a sync where the scaler has one (torch's
@@ -421,7 +421,7 @@ class Trainer {
     detail::check_accumulation(opt, options_.stepper().accumulation_steps());  // before the model changes
     detail::check_device<Policy, Device>("Trainer");
     detail::setup_model<Policy, Device>(*module_, "Trainer", "before constructing the Trainer");
-    if constexpr (is_float8_v<Policy>) float8::check_device(parameter_device());
+    if constexpr (is_float8_v<Policy>) float8::detail::check_device(parameter_device());
     return opt;
   }
 
@@ -429,7 +429,7 @@ class Trainer {
   TrainerOptions options_;
   Stepper<scaler_type> stepper_;
   bool closure_optimizer_;
-  float8::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories
+  float8::detail::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories
   int64_t epoch_ = 0;
   int64_t batch_in_epoch_ = 0;
   at::Tensor epoch_start_rng_;  // fit(): the CPU generator's state as this epoch began

@@ -3,7 +3,7 @@
 //   amp::detail::non_finite_check_and_unscale_(grads, found_inf, inv_scale);  // no host sync
 //
 // ATen's _amp_foreach_non_finite_check_and_unscale_ where the device has it
-// (amp::has_amp_kernels), else a portable path made of ordinary ATen ops
+// (amp::detail::has_amp_kernels), else a portable path made of ordinary ATen ops
 // that gives the kernels' bits for every finite and infinite value and the
 // same found-inf flag. NaN payloads are not promised (docs/numerics.md).
 #pragma once
