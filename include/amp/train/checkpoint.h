@@ -22,6 +22,8 @@
 #include <torch/serialize/output-archive.h>
 
 #include <cstdint>
+#include <exception>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -184,6 +186,30 @@ CheckpointCounters apply_checkpoint(torch::serialize::InputArchive& archive,
     load_optimizer(optim, *optimizers[i]);
   }
   return apply_scaler_and_counters(archive, scaler);
+}
+
+// apply(archive), and on any failure the state from before it back:
+// snapshot(out) writes that state, apply(previous) restores it. Then an amp:
+// error: "<what> does not fit <fits> (left unchanged): <the cause>".
+template <class Snapshot, class Apply>
+void apply_or_roll_back(torch::serialize::InputArchive& archive, const c10::Device& device, Snapshot&& snapshot,
+                        Apply&& apply, const std::string& what, const char* fits) {
+  std::stringstream before;
+  snapshot(before);
+  std::string cause;
+  try {
+    apply(archive);
+    return;
+  } catch (const c10::Error& e) {
+    cause = e.what_without_backtrace();
+  } catch (const std::exception& e) {  // LibTorch 1.13 throws some as std::runtime_error
+    cause = e.what();
+  }
+  before.seekg(0);
+  torch::serialize::InputArchive previous;
+  previous.load_from(before, device);
+  apply(previous);
+  TORCH_CHECK(false, "amp: ", what, " does not fit ", fits, " (left unchanged): ", cause);
 }
 
 }  // namespace detail

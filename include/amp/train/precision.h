@@ -207,18 +207,11 @@ class Precision {
     TORCH_CHECK(!models_.empty(), "amp: load(): no model is set up; call prec.setup(model, optimizer) first");
     torch::serialize::InputArchive archive =
         detail::open_checkpoint(path, models_.front()->parameters().front().device(), precision, "Precision");
-    std::stringstream before;
-    archive_now().save_to(before);
-    try {
-      apply(archive);
-    } catch (const c10::Error& e) {
-      before.seekg(0);
-      torch::serialize::InputArchive previous;
-      previous.load_from(before, models_.front()->parameters().front().device());
-      apply(previous);
-      TORCH_CHECK(false, "amp: checkpoint '", path,
-                  "' does not fit these models/optimizers (left unchanged): ", e.what_without_backtrace());
-    }
+    detail::apply_or_roll_back(
+        archive, models_.front()->parameters().front().device(),
+        [this](std::ostream& out) { archive_now().save_to(out); },
+        [this](torch::serialize::InputArchive& a) { apply(a); }, "checkpoint '" + path + "'",
+        "these models/optimizers");
   }
 
   // Every model's parameters and buffers (in setup order), named

@@ -370,19 +370,10 @@ class Trainer {
     return archive;
   }
 
-  // apply(), and on any failure the state from before it back.
   void apply_or_roll_back(torch::serialize::InputArchive& archive, const std::string& what) {
-    std::stringstream before;
-    save_state(before);
-    try {
-      apply(archive);
-    } catch (const c10::Error& e) {
-      torch::serialize::InputArchive back;
-      back.load_from(before, parameter_device());
-      apply(back);
-      TORCH_CHECK(false, "amp: ", what,
-                  " does not fit this model/optimizer (left unchanged): ", e.what_without_backtrace());
-    }
+    detail::apply_or_roll_back(
+        archive, parameter_device(), [this](std::ostream& out) { save_state(out); },
+        [this](torch::serialize::InputArchive& a) { apply(a); }, what, "this model/optimizer");
   }
 
   void apply(torch::serialize::InputArchive& archive) {
