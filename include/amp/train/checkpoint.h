@@ -10,7 +10,7 @@
 // and the sub-archives "model", "optimizer" (LibTorch's own formats) and
 // "scaler" (the scaler's state_dict entries, torch's keys); a Float8<Delayed>
 // policy adds "float8" (amp/float8/policy.h), and the random generators'
-// states are under "amp/rng/" (train/detail/rng_state.h). Trainer::save and
+// states are under "amp/rng/" (train/rng_state.h). Trainer::save and
 // Trainer::load use these; load() rolls back on any failure. Several models
 // and optimizers (Precision::save) instead have "amp/models" and
 // "amp/optimizers" (their counts) and "model_<i>", "optimizer_<i>" in setup order.

@@ -37,7 +37,7 @@
 #include "amp/train/detail/evaluation.h"
 #include "amp/train/detail/fp16_pitfalls.h"
 #include "amp/train/detail/model_setup.h"
-#include "amp/train/detail/rng_state.h"
+#include "amp/train/rng_state.h"
 #include "amp/core/device.h"
 #include "amp/optim/optimizer_step.h"
 #include "amp/core/policy.h"

@@ -24,7 +24,7 @@
 
 #include "amp/optim/optimizer_step.h"
 #include "amp/core/scaler_concept.h"
-#include "amp/train/detail/rng_state.h"
+#include "amp/train/rng_state.h"
 
 namespace amp {
 
@@ -60,7 +60,7 @@ class GradientSync {
   virtual void reduce_max(at::Tensor& t) { (void)t; }
   // Checkpoints: the random generators' entries a checkpoint written here
   // holds (every process's, for several), and the prefix under which this
-  // process finds its own on load (train/detail/rng_state.h).
+  // process finds its own on load (train/rng_state.h).
   virtual void write_rng(torch::serialize::OutputArchive& archive) const {
     detail::write_rng(archive, detail::capture_rng(), "amp/rng/");
   }

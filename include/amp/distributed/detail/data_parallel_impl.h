@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "amp/distributed/process_group.h"
-#include "amp/train/detail/rng_state.h"
+#include "amp/train/rng_state.h"
 
 namespace amp::detail {
 

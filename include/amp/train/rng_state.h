@@ -1,4 +1,4 @@
-// amp/train/detail/rng_state.h: the process's random generators in a checkpoint
+// amp/train/rng_state.h: the process's random generators in a checkpoint
 // (Hugging Face's Trainer does the same), so that a resumed run draws the same
 // dropout masks and random batches as the uninterrupted one.
 //
