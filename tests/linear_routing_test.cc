@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "amp/precision/region.h"
+#include "amp/train/precision.h"
 #include "amp/train/trainer.h"
 #include "error_of.h"
 
@@ -383,6 +384,30 @@ TEST_F(LinearRoutingTest, TrainerOptionTurnsRoutingOff) {
       return (lin(x) + lin(x)).to(torch::kFloat).pow(2).mean();
     });
     EXPECT_EQ(WeightCasts::count, routing == LinearRouting::kOn ? 1 : 2) << amp::to_string(routing);
+    // evaluate() runs in the same kind of region.
+    EXPECT_TRUE(trainer.evaluate([&](auto& region) {
+      EXPECT_EQ(region.linear_routing(), routing);
+      return amp::current_linear_routing() == routing;
+    }));
+  }
+}
+
+// Precision takes the same option, for forward() and evaluate().
+TEST_F(LinearRoutingTest, PrecisionOptionTurnsRoutingOff) {
+  EXPECT_EQ(amp::PrecisionOptions().linear_routing(), LinearRouting::kOn);
+  torch::nn::Linear lin(24, 40);
+  torch::optim::SGD opt(lin->parameters(), 0.1);
+  const torch::Tensor x = torch::randn({6, 24});
+  for (const LinearRouting routing : {LinearRouting::kOn, LinearRouting::kOff}) {
+    amp::Precision<Bf16, amp::CPU> prec(amp::PrecisionOptions().linear_routing(routing));
+    prec.setup(lin, opt);
+    WeightCasts casts(lin->weight);
+    prec.forward([&](auto& region) {
+      EXPECT_EQ(region.linear_routing(), routing);
+      return (lin(x) + lin(x)).to(torch::kFloat).pow(2).mean();
+    });
+    EXPECT_EQ(WeightCasts::count, routing == LinearRouting::kOn ? 1 : 2) << amp::to_string(routing);
+    EXPECT_TRUE(prec.evaluate([&](auto&) { return amp::current_linear_routing() == routing; }));
   }
 }
 

@@ -55,6 +55,9 @@ namespace amp {
 struct PrecisionOptions {
   // What a raw x.to(torch::kHalf / kBFloat16) in a Mixed region does (amp/precision/strict_casts.h).
   TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
+  // Whether LibTorch's C++ linear layers cast each weight once per region
+  // (amp/precision/linear_routing.h; TrainerOptions::linear_routing). Mixed policies only.
+  TORCH_ARG(LinearRouting, linear_routing) = LinearRouting::kOn;
   // Checkpoints carry the random generators' states and load() restores them
   // (TrainerOptions::rng_state). false: neither.
   TORCH_ARG(bool, rng_state) = true;
@@ -129,7 +132,7 @@ class Precision {
   decltype(auto) forward(F&& fn) {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the forward function must take the region: [&](auto& region) { return loss; }");
-    region_type region(options_.strict_casts());
+    region_type region(options_.strict_casts(), options_.linear_routing());
     [[maybe_unused]] auto float8 = float8_.bind();
     return detail::explain_fp16_errors<Policy>([&]() -> decltype(auto) { return fn(region); });
   }
@@ -188,7 +191,7 @@ class Precision {
     std::vector<torch::nn::Module*> modules;
     for (const auto& m : models_) modules.push_back(m.get());
     [[maybe_unused]] auto float8 = float8_.bind();
-    return detail::evaluate<region_type>(modules, options_.strict_casts(), fn);
+    return detail::evaluate<region_type>(modules, options_.strict_casts(), options_.linear_routing(), fn);
   }
 
   // Every model and optimizer (in setup order), the scaler and the counters,

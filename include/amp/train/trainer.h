@@ -153,7 +153,7 @@ class Trainer {
   template <class F>
   decltype(auto) evaluate(F&& fn) {
     [[maybe_unused]] auto float8 = float8_.bind();
-    return detail::evaluate<region_type>({module_.get()}, options_.strict_casts(), fn);
+    return detail::evaluate<region_type>({module_.get()}, options_.strict_casts(), options_.linear_routing(), fn);
   }
 
   // Epochs over `loader` (a LibTorch DataLoader or any range of batches):

@@ -2,7 +2,7 @@
 // and Precision::evaluate.
 //
 //   auto acc = amp::detail::evaluate<amp::Region<P, amp::CPU>>({model.get()}, amp::StrictCasts::kThrow,
-//                                                              [&](auto& region) { return accuracy(model, x, y); });
+//                                                              amp::LinearRouting::kOn, [&](auto&) { return f(); });
 //
 // Python's `model.eval(); with torch.no_grad(), torch.autocast(...): ...;
 // model.train()`, except that each submodule gets back the mode it had (a
@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "amp/precision/linear_routing.h"
 #include "amp/precision/strict_casts.h"
 
 namespace amp {
@@ -49,12 +50,13 @@ class EvalMode {
 // fn(region) with the modules in eval mode, no autograd, under Region
 // (autocast for a Mixed policy); returns what fn returns.
 template <class Region, class F>
-decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, StrictCasts strict_casts, F& fn) {
+decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, StrictCasts strict_casts,
+                        LinearRouting linear_routing, F& fn) {
   static_assert(std::is_invocable_v<F&, Region&>,
                 "amp: the evaluation function must take the region: [&](auto& region) { return metric; }");
   EvalMode eval(modules);
   at::NoGradGuard no_grad;
-  Region region(strict_casts);
+  Region region(strict_casts, linear_routing);
   return fn(region);
 }
 
