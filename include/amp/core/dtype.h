@@ -75,10 +75,10 @@ inline constexpr c10::ScalarType scalar_type_v = dtype_traits<D>::scalar_type;
 template <class D>
 inline constexpr bool is_half_precision_v = std::is_same_v<D, fp16> || std::is_same_v<D, bf16>;
 
+namespace detail {
 // The storage dtypes, for run-time lookups by c10::ScalarType (tf32 is fp32 storage).
 using storage_dtypes = std::tuple<fp16, bf16, fp32, fp64>;
 
-namespace detail {
 template <class... Ds>
 constexpr const char* dtype_name_in(c10::ScalarType t, std::tuple<Ds...>*) {
   const char* name = nullptr;
@@ -89,17 +89,17 @@ template <class... Ds>
 constexpr bool is_half_precision_in(c10::ScalarType t, std::tuple<Ds...>*) {
   return ((t == dtype_traits<Ds>::scalar_type && is_half_precision_v<Ds>) || ...);
 }
-}  // namespace detail
 
 // amp's name of a storage dtype ("fp16", "bf16", "fp32", "fp64"), or c10's for others.
 constexpr const char* dtype_name(c10::ScalarType t) {
-  const char* name = detail::dtype_name_in(t, static_cast<storage_dtypes*>(nullptr));
+  const char* name = dtype_name_in(t, static_cast<storage_dtypes*>(nullptr));
   return name != nullptr ? name : c10::toString(t);
 }
 
 // is_half_precision_v at run time.
 constexpr bool is_half_precision(c10::ScalarType t) {
-  return detail::is_half_precision_in(t, static_cast<storage_dtypes*>(nullptr));
+  return is_half_precision_in(t, static_cast<storage_dtypes*>(nullptr));
 }
+}  // namespace detail
 
 }  // namespace amp

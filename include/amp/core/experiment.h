@@ -77,6 +77,7 @@ constexpr const char* precision_name() {
   return policy_traits<P>::name;
 }
 
+namespace detail {
 // Lightning's legacy spellings and their modern names (the "-mixed" forms for 16/bf16).
 inline std::string canonical_precision(const std::string& name) {
   if (name == "64") return "64-true";
@@ -85,6 +86,7 @@ inline std::string canonical_precision(const std::string& name) {
   if (name == "bf16") return "bf16-mixed";
   return name;
 }
+}  // namespace detail
 
 namespace detail {
 template <class List>
@@ -106,7 +108,7 @@ template <class Device, class F>
 auto dispatch_precision(const std::string& name, F&& f) {
   static_assert(is_device_v<Device>, "amp: Device must be a device tag; use amp::CPU or amp::CUDA");
   using Result = decltype(f(boost::hana::front(supported_policies<Device>)));
-  const std::string wanted = canonical_precision(name);
+  const std::string wanted = detail::canonical_precision(name);
   bool known = false;
   boost::hana::for_each(all_policies,
                         [&](auto t) { known = known || wanted == policy_traits<typename decltype(t)::type>::name; });

@@ -86,6 +86,7 @@ inline bool is_loopback(const std::string& addr) {
 }
 }  // namespace detail
 
+namespace detail {
 // torchrun's RANK, WORLD_SIZE, LOCAL_RANK (default: RANK), MASTER_ADDR,
 // MASTER_PORT; amp: errors for missing or invalid ones.
 inline ProcessInfo process_info_from_env() {
@@ -102,6 +103,7 @@ inline ProcessInfo process_info_from_env() {
   info.master_port = detail::env_int("MASTER_PORT", 1, 65535, hint);
   return info;
 }
+}  // namespace detail
 
 namespace detail {
 constexpr const char* kNoNcclFix =
@@ -349,9 +351,9 @@ inline ProcessGroup init_process_group(const ProcessInfo& info, const ProcessGro
   return ProcessGroup(info, std::move(store), std::move(gloo), options.timeout(), options.backend(), device, dtypes);
 }
 
-// The same from torchrun's environment variables (process_info_from_env()).
+// The same from torchrun's environment variables (detail::process_info_from_env()).
 inline ProcessGroup init_process_group(const ProcessGroupOptions& options = {}) {
-  return init_process_group(process_info_from_env(), options);
+  return init_process_group(detail::process_info_from_env(), options);
 }
 
 }  // namespace amp

@@ -205,7 +205,7 @@ class FusedStep {
       if (d == device) return;
     FusedKind kind = FusedKind::kNone;
     const std::string why = detail::fused::unsupported_reason(*optimizer_, device, &kind);
-    TORCH_CHECK(why.empty(), "amp: FusedStep: no fused ", fused_kind_name(kind), " step for parameters on ",
+    TORCH_CHECK(why.empty(), "amp: FusedStep: no fused ", detail::fused_kind_name(kind), " step for parameters on ",
                 c10::DeviceTypeName(device), ": ", why);
     devices_.push_back(device);
   }
@@ -280,7 +280,7 @@ class FusedStep {
     } else {
       state = dynamic_cast<State*>(entry->second.get());
       TORCH_CHECK(state != nullptr, "amp: FusedStep: the optimizer's state of parameter ", i, " of param group ", g,
-                  " is not a ", fused_kind_name(kind_), " state");
+                  " is not a ", detail::fused_kind_name(kind_), " state");
     }
     Record& r = record_for(p, state);
     if (made) {

@@ -9,6 +9,7 @@ namespace amp {
 
 enum class FusedKind { kNone, kAdam, kAdamW, kSGD, kOptimizer };
 
+namespace detail {
 inline const char* fused_kind_name(FusedKind kind) {
   switch (kind) {
     case FusedKind::kAdam:
@@ -24,5 +25,6 @@ inline const char* fused_kind_name(FusedKind kind) {
   }
   return "none";
 }
+}  // namespace detail
 
 }  // namespace amp
