@@ -45,10 +45,13 @@ decltype(auto) explain_fp16_errors(F&& f) {
   if constexpr (computes_in_fp16_v<Policy>) {
     try {
       return f();
-    } catch (const std::exception& e) {  // a std::runtime_error before LibTorch 2.x, a c10::Error after
+    } catch (const std::exception& e) {  // a std::runtime_error on 1.13 and 2.14, a c10::Error on 2.6
       const auto* error = dynamic_cast<const c10::Error*>(&e);
       const std::string what = error != nullptr ? error->what_without_backtrace() : e.what();
-      if (what.find("cannot be converted to type at::Half without overflow") == std::string::npos) throw;
+      // "value cannot be converted to type at::Half without overflow" (c10::Half from LibTorch 2.x's later lines)
+      if (what.find("cannot be converted to type") == std::string::npos ||
+          what.find("Half without overflow") == std::string::npos)
+        throw;
       TORCH_CHECK(false, "amp: a scalar does not fit fp16 (largest finite value 65504) inside the forward of a ",
                   policy_traits<Policy>::name,
                   " region; a common cause is attention's `scores.masked_fill(mask, -1e9)`: write "
