@@ -205,6 +205,50 @@ TEST(WorldOfOne, CpuKeepsTheDeviceOnCpuUnderGloo) {
   EXPECT_EQ(pg.backend(), amp::Backend::kGloo);
 }
 
+// pytorch/examples' MNIST shape: a `Net model;` on the stack (held by the
+// Trainer without ownership) under DataParallel, equal to the Trainer alone.
+struct StackNet : torch::nn::Module {
+  StackNet() : conv1(torch::nn::Conv2dOptions(1, 4, 5)), fc1(64, 10) {
+    register_module("conv1", conv1);
+    register_module("fc1", fc1);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(torch::max_pool2d(conv1->forward(x), 2));
+    return torch::log_softmax(fc1->forward(x.view({-1, 64})), 1);
+  }
+  torch::nn::Conv2d conv1;
+  torch::nn::Linear fc1;
+};
+
+std::vector<torch::Tensor> train_stack_net(const amp::ProcessGroup* pg) {
+  torch::manual_seed(0);
+  StackNet model;
+  torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.01).momentum(0.5));
+  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(model, opt,
+                                                                       amp::TrainerOptions().progress(false));
+  std::optional<amp::DataParallel> dp;
+  if (pg != nullptr) dp.emplace(*pg, trainer);
+  for (int s = 0; s < 3; ++s) {
+    torch::manual_seed(10 + s);
+    const torch::Tensor x = torch::randn({8, 1, 12, 12}), y = torch::randint(10, {8});
+    trainer.step([&](auto&) { return torch::nll_loss(model.forward(x).to(torch::kFloat32), y); });
+  }
+  if (dp) {
+    EXPECT_EQ(dp->allreduces(), 3 * dp->buckets());
+  }
+  std::vector<torch::Tensor> out;
+  for (const auto& p : model.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+TEST(WorldOfOne, CpuStackModelUnderDataParallelEqualsPlainTrainerBitwise) {
+  set_world_of_one_env();
+  amp::ProcessGroup pg = amp::init_process_group(options(amp::Backend::kAuto));
+  const auto with = train_stack_net(&pg), without = train_stack_net(nullptr);
+  ASSERT_EQ(with.size(), without.size());
+  for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(torch::equal(with[i], without[i])) << "parameter " << i;
+}
+
 // kNccl where it cannot work: an amp: error before any rendezvous.
 TEST(WorldOfOne, NcclBackendWithoutNcclOrGpuIsAnAmpError) {
   if (amp::detail::compat::kHasNccl && torch::cuda::is_available()) GTEST_SKIP() << "NCCL and a GPU are here";
