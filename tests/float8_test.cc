@@ -52,11 +52,44 @@ TEST(Float8Delayed, MarginDividesByAPowerOfTwo) {
   EXPECT_TRUE(torch::equal(f8::delayed_scale_update(history, f32({1.0f}), 57344.0, 2), f32({3584.0f})));  // 57344/4/4
 }
 
-TEST(Float8Delayed, ZeroInfAndNanAmaxKeepThePreviousScale) {
+TEST(Float8Delayed, OneFp32DivisionAsTransformerEnginesKernel) {
+  // TE's fused kernel: scale = scaled_max / amax, one IEEE division. Its
+  // Python fallback (reciprocal, then times fp8_max) differs in the last bit here.
+  auto history = torch::tensor({{3.0f}});
+  const float kernel = 448.0f / 3.0f, fallback = (1.0f / 3.0f) * 448.0f;
+  ASSERT_NE(kernel, fallback);
+  EXPECT_TRUE(torch::equal(f8::delayed_scale_update(history, f32({1.0f}), 448.0, 0), f32({kernel})));
+}
+
+TEST(Float8Delayed, AStepWithZeroAmaxChangesNothing) {
+  // The step's amax (slot 0) is 0: the kernel neither rolls the history nor
+  // uses its older amaxes; the scale stays.
+  auto history = torch::tensor({{0.0f, 2.0f}, {5.0f, 4.0f}});
+  const auto next = f8::delayed_scale_update(history, f32({3.0f, 3.0f}), 448.0, 0);
+  EXPECT_TRUE(torch::equal(next, f32({3.0f, 112.0f})));  // role 1: 448 / max(2, 4)
+  EXPECT_TRUE(torch::equal(history, torch::tensor({{0.0f, 0.0f}, {5.0f, 2.0f}})));
+}
+
+TEST(Float8Delayed, ATinyAmaxGivesTheLargestFloatNotInf) {
+  auto history = torch::tensor({{1e-40f}});  // 448 / 1e-40 overflows fp32
+  EXPECT_TRUE(torch::equal(f8::delayed_scale_update(history, f32({1.0f}), 448.0, 0),
+                           f32({std::numeric_limits<float>::max()})));
+}
+
+TEST(Float8Delayed, InfKeepsTheScaleAndNanIsIgnored) {
+  // Roles: a zero step, an inf step (old scale kept), a NaN step (CUDA's
+  // fmaxf skips NaN: the amax is the history's 1), a finite step.
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   auto history = torch::tensor({{0.0f, inf, nan, 8.0f}, {0.0f, 1.0f, 1.0f, 0.0f}});
   const auto next = f8::delayed_scale_update(history, f32({7.0f, 7.0f, 7.0f, 7.0f}), 448.0, 0);
-  EXPECT_TRUE(torch::equal(next, f32({7.0f, 7.0f, 7.0f, 56.0f})));
+  EXPECT_TRUE(torch::equal(next, f32({7.0f, 7.0f, 448.0f, 56.0f})));
+  // every role but the zero step rolled: slot 1 holds the step's amax
+  EXPECT_TRUE(torch::equal(history.select(0, 0), f32({0.0f, 0.0f, 0.0f, 0.0f})));
+  const auto slot1 = history.select(0, 1);
+  EXPECT_EQ(slot1[0].item<float>(), 0.0f);
+  EXPECT_EQ(slot1[1].item<float>(), inf);
+  EXPECT_TRUE(std::isnan(slot1[2].item<float>()));
+  EXPECT_EQ(slot1[3].item<float>(), 8.0f);
 }
 
 TEST(Float8Delayed, ShapesAreChecked) {

@@ -4,8 +4,8 @@
 
 The same recipe written in plain torch: torchao.float8's tensorwise dynamic
 scaling (float8_utils.py's amax_to_scale and to_fp8_saturated), or Transformer
-Engine's delayed scaling (pytorch/fp8.py: _default_get_amax_and_update_history
-with "max", _default_sf_compute), e4m3 for inputs and weights, e5m2 for output
+Engine's delayed scaling (its default fused kernel's update, delayed_scaling.cu,
+with "max"), e4m3 for inputs and weights, e5m2 for output
 gradients, torch._scaled_mm in a torch.autograd.Function, the rest under
 torch.autocast("cpu", bfloat16).
 Trains what the C++ half trained and compares losses and final parameters
@@ -83,14 +83,33 @@ class Float8Matmul(torch.autograd.Function):
         return dx, dw.to(ctx.w_dtype), None
 
 
-def delayed_update(history, scale, fp8_max, margin):  # TE, amax_compute_algo "max"
-    amax = torch.max(history, dim=0).values
-    sf = (fp8_max / amax) / (2.0 ** margin)
-    sf = torch.where(amax > 0.0, sf, scale)
-    sf = torch.where(torch.isfinite(amax), sf, scale)
-    history.copy_(torch.roll(history, -1, 0))
-    history[0].fill_(0.0)
-    return sf
+def fmaxf(a, b):  # CUDA's fmaxf: a NaN operand yields the other one
+    return b if a != a else a if b != b else max(a, b)
+
+
+def delayed_update(history, scale, fp8_max, margin):
+    """Transformer Engine's default update, its fused CUDA kernel
+    (common/recipe/delayed_scaling.cu, kernel_bulk, amax_compute_algo "max"),
+    one thread block per role, written out as a loop."""
+    f32 = torch.float32
+    scaled_max = torch.tensor(fp8_max, dtype=f32) * torch.tensor(2.0, dtype=f32) ** -margin
+    new_scale = scale.clone()
+    length = history.shape[0]
+    for r in range(history.shape[1]):
+        col = history[:, r].clone()
+        last_amax = col[0].item()
+        amax = 0.0
+        if last_amax != 0.0:
+            for i in range(length):
+                a = col[i + 1] if i < length - 1 else col[0]
+                amax = fmaxf(amax, a.item())
+                history[i, r] = a if i > 0 else 0.0
+        amax_t = torch.tensor(amax, dtype=f32)
+        s = scaled_max / amax_t if (torch.isfinite(amax_t) and amax > 0) else scale[r]
+        if torch.isinf(s):
+            s = torch.tensor(torch.finfo(f32).max, dtype=f32)
+        new_scale[r] = s
+    return new_scale
 
 
 class Delayed:

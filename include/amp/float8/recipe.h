@@ -9,10 +9,9 @@
 // scale = fp8_max / max(amax, 1e-12), computed in fp64 and stored as fp32;
 // the cast is (x in fp32 * scale) clamped to +-fp8_max, then rounded to fp8.
 // Delayed scaling is Transformer Engine's DelayedScaling (pytorch/fp8.py,
-// amax_compute_algo "max"): the scale comes from the largest amax of a
-// history, divided by 2^margin, and keeps its previous value where that amax
-// is 0, inf or NaN; after each update the history rolls by one and its slot 0
-// (where the next amax goes) is zeroed.
+// amax_compute_algo "max", its default fused CUDA kernel's arithmetic): the
+// scale is (fp8_max * 2^-margin) / the largest amax of a history, and a step
+// whose amax is 0 changes nothing (delayed_scale_update below).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -21,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 
 #include "amp/detail/compat_float8.h"
@@ -63,19 +63,31 @@ inline at::Tensor to_float8(const at::Tensor& x, const at::Tensor& scale, at::Sc
 
 // Delayed scaling's update for a group of tensor roles that share a format
 // (TE keeps one group for the forward, e4m3, and one for the backward, e5m2):
-// history is [length, roles] fp32, scale is [roles] fp32. Returns the new
-// scale, (fp8_max / amax) / 2^margin with amax the history's largest per role
-// (the old scale where that is 0, inf or NaN); rolls history in place by one,
-// with slot 0 zeroed for the next amaxes.
+// history is [length, roles] fp32 with the step's amaxes in slot 0, scale is
+// [roles] fp32. Returns the new scales as TE's default, fused kernel computes
+// them (common/recipe/delayed_scaling.cu, kernel_bulk, amax_compute_algo
+// "max"), per role:
+//   - a step amax (slot 0) of 0: nothing changes, not even the history;
+//   - otherwise the history rolls by one (slot 0 zeroed for the next step)
+//     and amax is its largest entry, NaNs ignored (CUDA's fmaxf);
+//   - scale = scaled_max / amax, one fp32 division, scaled_max =
+//     fp8_max * 2^-margin; the old scale where amax is 0 or not finite;
+//   - an infinite scale (a tiny amax) becomes FLT_MAX.
 inline at::Tensor delayed_scale_update(at::Tensor& history, const at::Tensor& scale, double fp8_max, int64_t margin) {
   TORCH_CHECK(history.dim() == 2 && scale.dim() == 1 && history.size(1) == scale.size(0),
               "amp: delayed scaling needs an amax history [length, roles] and a scale [roles]");
-  const at::Tensor amax = std::get<0>(history.max(0));
-  at::Tensor sf = amax.reciprocal() * fp8_max / std::ldexp(1.0, static_cast<int>(margin));
-  sf = at::where(amax > 0.0, sf, scale);
-  sf = at::where(at::isfinite(amax), sf, scale);
-  history.copy_(at::roll(history, -1, 0));
-  history.select(0, 0).zero_();
+  TORCH_CHECK(history.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat,
+              "amp: delayed scaling keeps its amax history and scale in fp32 (at::kFloat)");
+  const at::Tensor step_amax = history.select(0, 0);
+  const at::Tensor rolls = step_amax != 0.0;
+  const at::Tensor amax = std::get<0>(at::where(at::isnan(history), at::zeros_like(history), history).max(0));
+  const float scaled_max = static_cast<float>(std::ldexp(fp8_max, -static_cast<int>(margin)));
+  at::Tensor sf = at::div(at::full_like(amax, scaled_max), amax);
+  sf = at::where(rolls.logical_and(amax > 0.0).logical_and(at::isfinite(amax)), sf, scale);
+  sf = at::where(at::isinf(sf), at::full_like(sf, std::numeric_limits<float>::max()), sf);
+  at::Tensor rolled = at::roll(history, -1, 0);
+  rolled.select(0, 0).zero_();
+  history.copy_(at::where(rolls, rolled, history));
   return sf;
 }
 
