@@ -72,8 +72,8 @@ TEST(Float8Delayed, AStepWithZeroAmaxChangesNothing) {
 
 TEST(Float8Delayed, ATinyAmaxGivesTheLargestFloatNotInf) {
   auto history = torch::tensor({{1e-40f}});  // 448 / 1e-40 overflows fp32
-  EXPECT_TRUE(torch::equal(f8::delayed_scale_update(history, f32({1.0f}), 448.0, 0),
-                           f32({std::numeric_limits<float>::max()})));
+  EXPECT_TRUE(
+      torch::equal(f8::delayed_scale_update(history, f32({1.0f}), 448.0, 0), f32({std::numeric_limits<float>::max()})));
 }
 
 TEST(Float8Delayed, InfKeepsTheScaleAndNanIsIgnored) {

@@ -53,6 +53,11 @@ std::map<std::string, Row> expected_table() {
   t["Float8<fp32, NoScaler>"] = {false, false, false};
   t["Float8<Tensorwise, DynamicScaler>"] = {false, false, false};
   t["Float8<Tensorwise, StaticScaler>"] = {false, false, false};
+  // The rowwise recipes: CPU's _scaled_mm takes rowwise scales from 2.14.
+  const bool rw_cpu = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14);
+  t["Float8<Rowwise, NoScaler>"] = {true, rw_cpu, f8_cuda};
+  t["Float8<RowwiseWithGwHp, NoScaler>"] = {true, rw_cpu, f8_cuda};
+  t["Float8<Rowwise, DynamicScaler>"] = {false, false, false};
   return t;
 }
 
@@ -83,8 +88,11 @@ TEST(PolicyTable, EveryCombinationMatchesTheRules) {
   float8_row("Float8<fp32, NoScaler>", hana::type_c<amp::Float8<amp::fp32>>);
   float8_row("Float8<Tensorwise, DynamicScaler>", hana::type_c<amp::Float8<amp::Tensorwise, amp::DynamicScaler>>);
   float8_row("Float8<Tensorwise, StaticScaler>", hana::type_c<amp::Float8<amp::Tensorwise, amp::StaticScaler>>);
+  float8_row("Float8<Rowwise, NoScaler>", hana::type_c<amp::Float8<amp::Rowwise>>);
+  float8_row("Float8<RowwiseWithGwHp, NoScaler>", hana::type_c<amp::Float8<amp::RowwiseWithGwHp>>);
+  float8_row("Float8<Rowwise, DynamicScaler>", hana::type_c<amp::Float8<amp::Rowwise, amp::DynamicScaler>>);
   const auto expected = expected_table();
-  ASSERT_EQ(actual.size(), 28u);
+  ASSERT_EQ(actual.size(), 31u);
   ASSERT_EQ(expected.size(), actual.size());
   for (const auto& [name, row] : expected) {
     SCOPED_TRACE(name);
@@ -158,6 +166,8 @@ TEST(PolicyTraits, WhatEachPolicyMeans) {
   using F8D = amp::policy_traits<amp::Float8<amp::Delayed<16, 1>>>;
   EXPECT_STREQ(F8::name, "fp8-tensorwise");
   EXPECT_STREQ(F8D::name, "fp8-delayed");
+  EXPECT_STREQ(amp::policy_traits<amp::Float8<amp::Rowwise>>::name, "fp8-rowwise");
+  EXPECT_STREQ(amp::policy_traits<amp::Float8<amp::RowwiseWithGwHp>>::name, "fp8-rowwise-gw-hp");
   static_assert(std::is_same_v<F8::compute_type, amp::bf16> && std::is_same_v<F8::param_type, amp::fp32>);
   static_assert(F8::uses_autocast && !F8::uses_loss_scaling);
   static_assert(std::is_same_v<F8D::recipe_type, amp::Delayed<16, 1>>);
@@ -175,7 +185,7 @@ TEST(PolicyLists, AllPoliciesAreValidDistinctAndNamed) {
     names.insert(amp::precision_name<P>());
     ++n;
   });
-  EXPECT_EQ(n, 10u);
+  EXPECT_EQ(n, 12u);
   EXPECT_EQ(names.size(), n);
 }
 
@@ -188,7 +198,7 @@ TEST(PolicyLists, SupportedListsAreTheFilteredTable) {
   };
   std::vector<std::string> cpu = collect(amp::supported_policies<amp::CPU>);
   std::vector<std::string> cuda = collect(amp::supported_policies<amp::CUDA>);
-  EXPECT_EQ(cuda.size(), amp::detail::compat::kHasFloat8Matmul ? 10u : 8u);
+  EXPECT_EQ(cuda.size(), amp::detail::compat::kHasFloat8Matmul ? 12u : 8u);
   std::size_t expected_cpu = 0;
   for (const auto& [name, row] : expected)  // all_policies has Float8<Delayed<>>, not Delayed<16, 2>
     expected_cpu += row.cpu && name != "Float8<Delayed<16, 2>, NoScaler>";
@@ -200,6 +210,7 @@ TEST(PolicyLists, SupportedListsAreTheFilteredTable) {
   const bool cpu16 = amp::libtorch_at_least(2, 3);
   EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "16-mixed") != cpu.end(), cpu16);
   EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "fp8-delayed") != cpu.end(), amp::libtorch_at_least(2, 8));
+  EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "fp8-rowwise") != cpu.end(), amp::libtorch_at_least(2, 14));
 }
 
 // Typed tests over the compile-time list, named by precision string.

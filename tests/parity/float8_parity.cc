@@ -22,6 +22,10 @@
 //                        trained by amp::Trainer<amp::Float8<...>>, the
 //                        policy itself: qkv, proj, fc1, fc2 in float8, the
 //                        head, attention's matmuls and the rest in bf16
+//   fp8-rowwise-{mlp,block}, fp8-rowwise-gw-hp-{mlp,block}
+//                        torchao's ROWWISE and ROWWISE_WITH_GW_HP
+//                        (amp/float8/rowwise.h), from LibTorch 2.14 (a CPU
+//                        _scaled_mm with rowwise scales)
 // Needs a CPU _scaled_mm (LibTorch 2.8+): before, it writes nothing and says so.
 #include <torch/torch.h>
 
@@ -31,6 +35,7 @@
 #include <amp/float8/delayed.h>
 #include <amp/float8/linear.h>
 #include <amp/float8/policy.h>
+#include <amp/float8/rowwise.h>
 
 #include <cstdint>
 #include <cstring>
@@ -49,7 +54,11 @@ using amp_parity::bits;
 using amp_parity::make_mlp;
 using amp_parity::save;
 
-void run_mlp(std::ofstream& steps, const std::string& out, const std::string& run, bool delayed) {
+// The recipes an MLP run can take (amp/float8/linear.h, delayed.h, rowwise.h).
+enum class Recipe { kTensorwise, kDelayed, kRowwise, kRowwiseGwHp };
+
+void run_mlp(std::ofstream& steps, const std::string& out, const std::string& run, Recipe recipe) {
+  const bool delayed = recipe == Recipe::kDelayed;
   auto model = make_mlp();
   torch::manual_seed(1);
   const auto x = torch::randn({kSteps, 24, 64}) * 4;
@@ -69,8 +78,14 @@ void run_mlp(std::ofstream& steps, const std::string& out, const std::string& ru
       if (delayed) {
         amp::float8::DelayedLinearGuard guard(*fp8);
         loss = loss_of(i);
+      } else if (recipe == Recipe::kRowwise) {
+        amp::float8::LinearGuard<amp::Rowwise> guard;
+        loss = loss_of(i);
+      } else if (recipe == Recipe::kRowwiseGwHp) {
+        amp::float8::LinearGuard<amp::RowwiseWithGwHp> guard;
+        loss = loss_of(i);
       } else {
-        amp::float8::LinearGuard guard;
+        amp::float8::LinearGuard<> guard;
         loss = loss_of(i);
       }
     }
@@ -116,6 +131,11 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+template <class R>
+constexpr bool kIsDelayed = false;
+template <int H, int M>
+constexpr bool kIsDelayed<amp::Delayed<H, M>> = true;
+
 template <class Policy>
 void run_block(std::ofstream& steps, const std::string& out, const std::string& run) {
   torch::manual_seed(0);
@@ -136,7 +156,7 @@ void run_block(std::ofstream& steps, const std::string& out, const std::string& 
     steps << run << " " << i << " " << bits(static_cast<float>(r.loss_value())) << "\n";
   }
   save(out + "/cpp_" + run + ".pt", model->parameters());
-  if constexpr (!std::is_same_v<typename Policy::recipe_type, amp::Tensorwise>) {
+  if constexpr (kIsDelayed<typename Policy::recipe_type>) {
     std::vector<torch::Tensor> state;
     for (const auto& item : trainer.float8_state().scaling().state_dict()) state.push_back(item.value());
     save(out + "/cpp_" + run + "_fp8.pt", state);
@@ -157,11 +177,17 @@ int main(int argc, char** argv) {
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
   if constexpr (amp::detail::compat::kCpuHasScaledMm) {
     std::ofstream steps(out + "/cpp_steps.txt");
-    run_mlp(steps, out, "fp8-tensorwise-mlp", false);
-    run_mlp(steps, out, "fp8-delayed-mlp", true);
+    run_mlp(steps, out, "fp8-tensorwise-mlp", Recipe::kTensorwise);
+    run_mlp(steps, out, "fp8-delayed-mlp", Recipe::kDelayed);
 #if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
     run_block<amp::Float8<amp::Tensorwise>>(steps, out, "fp8-tensorwise-block");
     run_block<amp::Float8<amp::Delayed<16, 0>>>(steps, out, "fp8-delayed-block");
+#endif
+#if AMP_DETAIL_HAS_CPU_ROWWISE_FLOAT8
+    run_mlp(steps, out, "fp8-rowwise-mlp", Recipe::kRowwise);
+    run_mlp(steps, out, "fp8-rowwise-gw-hp-mlp", Recipe::kRowwiseGwHp);
+    run_block<amp::Float8<amp::Rowwise>>(steps, out, "fp8-rowwise-block");
+    run_block<amp::Float8<amp::RowwiseWithGwHp>>(steps, out, "fp8-rowwise-gw-hp-block");
 #endif
     return 0;
   }

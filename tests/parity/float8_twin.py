@@ -132,6 +132,95 @@ class Delayed:
                                                            s["bwd_scale"])]
 
 
+# --- torchao's rowwise recipes, transliterated from torchao/float8 (config.py's
+# from_recipe_name, float8_linear.py's matmul_with_hp_or_float8_args,
+# float8_ops.py's preprocess_addmm and addmm_float8_unwrapped,
+# float8_utils.py's amax_to_scale), with pad_inner_dim=True. ---
+
+class F8:  # a Float8TrainingTensor: data, scale, axiswise_dim
+    def __init__(self, data, scale, axiswise_dim):
+        self.data, self.scale, self.axiswise_dim = data, scale, axiswise_dim
+
+    def t(self):
+        return F8(self.data.t(), self.scale.t() if self.axiswise_dim is not None else self.scale,
+                  None if self.axiswise_dim is None else (1 - self.axiswise_dim % 2))
+
+
+def to_f8(hp, axiswise_dim):  # hp_tensor_to_float8_dynamic, e4m3, round_scales_to_power_of_2
+    amax = torch.max(torch.abs(hp)) if axiswise_dim is None else torch.amax(torch.abs(hp), dim=axiswise_dim,
+                                                                           keepdim=True)
+    scale = amax_to_scale(amax, E4M3)
+    scale = torch.exp2(torch.floor(torch.log2(scale)))
+    return F8(to_fp8_saturated(hp, scale, E4M3), scale, axiswise_dim)
+
+
+def pad_dim(t, dim):  # pad_tensor_for_matmul: zeros up to a multiple of 16
+    size = t.shape[dim]
+    padded = (size + 15) // 16 * 16
+    if padded == size:
+        return t
+    shape = list(t.shape)
+    shape[dim] = padded - size
+    return torch.cat([t, torch.zeros(shape, dtype=t.dtype)], dim=dim)
+
+
+def f8_mm(a, b, out_dtype, use_fast_accum):
+    a_data, b_data = pad_dim(a.data, 1), pad_dim(b.data, 0)
+    if not a_data.is_contiguous():
+        a_data = a_data.contiguous()
+    if b_data.is_contiguous():
+        b_data = b_data.t().contiguous().t()
+    a_scale, b_scale = a.scale, b.scale
+    if a.axiswise_dim is not None and b.axiswise_dim is None:
+        b_scale = b_scale.repeat(b_data.shape[1]).reshape(1, -1)
+    a_inv, b_inv = a_scale.reciprocal(), b_scale.reciprocal()
+    post = None
+    rowwise = a_scale.shape == (a_data.shape[0], 1) and b_scale.shape == (1, b_data.shape[1])
+    if rowwise and not use_fast_accum:
+        post = a_inv * b_inv
+        a_inv = a_inv.new_ones(())
+        b_inv = a_inv.new_ones(())
+    out = torch._scaled_mm(a_data, b_data, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype,
+                           use_fast_accum=use_fast_accum)
+    if post is not None:
+        out *= post
+    return out
+
+
+class RowwiseMatmul(torch.autograd.Function):  # input_hp [M, K] bf16, weight_hp_t [K, N] fp32
+    @staticmethod
+    def forward(ctx, input_hp, weight_hp_t, gw_hp):
+        ctx.save_for_backward(input_hp, weight_hp_t)
+        ctx.gw_hp = gw_hp
+        x = to_f8(input_hp, -1)
+        w = to_f8(weight_hp_t, 0)
+        return f8_mm(x, w, input_hp.dtype, use_fast_accum=True)  # gemm_config_output: fast accumulation
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input_hp, weight_hp_t = ctx.saved_tensors
+        go = to_f8(grad_output, -1)
+        w = to_f8(weight_hp_t, None if ctx.gw_hp else -1)  # cast_config_weight_for_grad_input
+        grad_input = f8_mm(go, w.t(), grad_output.dtype, use_fast_accum=False)
+        if ctx.gw_hp:  # ScalingType.DISABLED for both operands of grad_weight
+            grad_weight = torch.mm(grad_output.t(), input_hp)
+        else:
+            grad_weight = f8_mm(to_f8(grad_output, 0).t(), to_f8(input_hp, 0), grad_output.dtype,
+                                use_fast_accum=False)
+        return grad_input, grad_weight.t(), None
+
+
+def rowwise_linear(input, weight, bias, gw_hp):
+    if not fits(weight):
+        return F.linear(input, weight, bias)
+    x = input.to(torch.bfloat16)
+    y = RowwiseMatmul.apply(x.reshape(-1, x.shape[-1]), weight.t(), gw_hp)
+    y = y.reshape(tuple(input.shape[:-1]) + (weight.shape[0],))
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y
+
+
 def fits(w):
     return w.dim() == 2 and w.shape[0] % 16 == 0 and w.shape[1] % 16 == 0
 
@@ -157,9 +246,15 @@ def make_mlp():
     return m
 
 
-def forward(model, x, delayed):
+def linear_for(recipe, fp8):  # the linear of a run: (input, module) -> output
+    if recipe in ("rowwise", "rowwise-gw-hp"):
+        return lambda t, m: rowwise_linear(t, m.weight, m.bias, recipe == "rowwise-gw-hp")
+    return lambda t, m: fp8_linear(t, m.weight, m.bias, fp8)
+
+
+def forward(model, x, lin):
     for layer in model:
-        x = fp8_linear(x, layer.weight, layer.bias, delayed) if isinstance(layer, torch.nn.Linear) else layer(x)
+        x = lin(x, layer) if isinstance(layer, torch.nn.Linear) else layer(x)
     return x
 
 
@@ -179,13 +274,14 @@ def train(model, fp8, x, y, forward):
     return losses, [p.detach() for p in model.parameters()], fp8.state() if fp8 else None
 
 
-def run_mlp(delayed):
+def run_mlp(recipe):
     model = make_mlp()
-    fp8 = Delayed(model, 16) if delayed else None
+    fp8 = Delayed(model, 16) if recipe == "delayed" else None
     torch.manual_seed(1)
     x = torch.randn(STEPS, 24, 64) * 4
     y = torch.randint(0, 10, (STEPS, 24))
-    return train(model, fp8, x, y, lambda xi: forward(model, xi, fp8))
+    lin = linear_for(recipe, fp8)
+    return train(model, fp8, x, y, lambda xi: forward(model, xi, lin))
 
 
 class Block(torch.nn.Module):
@@ -201,8 +297,8 @@ class Block(torch.nn.Module):
         self.fc2 = torch.nn.Linear(256, 64)
         self.head = torch.nn.Linear(64, 10)
 
-    def forward(self, x, fp8):
-        lin = lambda m, t: fp8_linear(t, m.weight, m.bias, fp8)
+    def forward(self, x, linear):
+        lin = lambda m, t: linear(t, m)
         b, t = x.shape[0], x.shape[1]
         parts = lin(self.qkv, self.ln1(x)).reshape(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
         q, k, v = parts[0], parts[1], parts[2]
@@ -213,22 +309,24 @@ class Block(torch.nn.Module):
         return lin(self.head, h.mean(1))
 
 
-def run_block(delayed):
+def run_block(recipe):
     torch.manual_seed(0)
     model = Block()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if not name.startswith("ln"):
                 p.copy_(torch.randn(p.shape) * 0.05)
-    fp8 = Delayed(model, 16) if delayed else None
+    fp8 = Delayed(model, 16) if recipe == "delayed" else None
     torch.manual_seed(1)
     x = torch.randn(STEPS, 5, 8, 64)
     y = torch.randint(0, 10, (STEPS, 5))
-    return train(model, fp8, x, y, lambda xi: model(xi, fp8))
+    lin = linear_for(recipe, fp8)
+    return train(model, fp8, x, y, lambda xi: model(xi, lin))
 
 
-RUNS = {"fp8-tensorwise-mlp": lambda: run_mlp(False), "fp8-delayed-mlp": lambda: run_mlp(True),
-        "fp8-tensorwise-block": lambda: run_block(False), "fp8-delayed-block": lambda: run_block(True)}
+RECIPES = ("tensorwise", "delayed", "rowwise", "rowwise-gw-hp")
+RUNS = {f"fp8-{r}-{m}": (lambda r=r, run=run: run(r)) for r in RECIPES for m, run in (("mlp", run_mlp),
+                                                                                         ("block", run_block))}
 
 
 def main(out):
@@ -237,11 +335,16 @@ def main(out):
     for line in open(f"{out}/cpp_steps.txt"):
         name, i, loss = line.split()
         cpp.setdefault(name, {})[int(i)] = int(loss)
-    if sorted(cpp) != sorted(RUNS):
-        print(f"FAIL the C++ half ran {sorted(cpp)}, expected {sorted(RUNS)}")
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    expected = sorted(n for n in RUNS if "rowwise" not in n or (major, minor) >= (2, 14))  # CPU rowwise: 2.14
+    if sorted(cpp) != expected:
+        print(f"FAIL the C++ half ran {sorted(cpp)}, expected {expected}")
         return 1
     failures = 0
     for name, run in RUNS.items():
+        if name not in expected:
+            print(f"skip {name}: CPU rowwise scales need torch 2.14")
+            continue
         losses, params, state = run()
         diff = [i for i, b in enumerate(losses) if cpp[name].get(i) != b]
         cpp_params = torch.load(f"{out}/cpp_{name}.pt", weights_only=False)

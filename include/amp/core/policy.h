@@ -9,7 +9,8 @@
 // True<Dtype>: the whole model in one dtype (Lightning's "-true" precisions),
 // no autocast; True<tf32> is fp32 storage with TF32 matmul/conv math on CUDA.
 // Float8<Recipe>: a region's linear layers in float8 (amp/float8/policy.h),
-// everything else as Mixed<bf16, NoScaler>; Recipe is Tensorwise or Delayed<...>.
+// everything else as Mixed<bf16, NoScaler>; Recipe is Tensorwise, Delayed<...>,
+// Rowwise or RowwiseWithGwHp.
 // Which combinations are valid is decided in rules.h.
 #pragma once
 
@@ -45,6 +46,13 @@ struct Delayed {
   static constexpr int history_length = HistoryLength;
   static constexpr int margin = Margin;
 };
+// Rowwise: torchao's ROWWISE, current scaling with a scale per row (per
+// column where the matmul needs it), rounded down to a power of 2, e4m3 in
+// forward and backward.
+struct Rowwise {};
+// RowwiseWithGwHp: torchao's ROWWISE_WITH_GW_HP, Rowwise whose weight
+// gradient is a bf16 matmul (and dX's weight cast tensorwise).
+struct RowwiseWithGwHp {};
 
 // The linears of a region in float8 (e4m3 forward, e5m2 output gradients),
 // the rest in bf16 autocast, fp32 parameters. Scaler is there so that the
@@ -83,9 +91,11 @@ inline constexpr bool is_float8_v = false;
 template <class R, class S>
 inline constexpr bool is_float8_v<Float8<R, S>> = true;
 
-// A float8 recipe: Tensorwise, or Delayed<H, M> with H >= 1 and 0 <= M < 64.
+// A float8 recipe: Tensorwise, Rowwise, RowwiseWithGwHp, or Delayed<H, M>
+// with H >= 1 and 0 <= M < 64.
 template <class R>
-inline constexpr bool is_float8_recipe_v = std::is_same_v<R, Tensorwise>;
+inline constexpr bool is_float8_recipe_v =
+    std::is_same_v<R, Tensorwise> || std::is_same_v<R, Rowwise> || std::is_same_v<R, RowwiseWithGwHp>;
 template <int H, int M>
 inline constexpr bool is_float8_recipe_v<Delayed<H, M>> = H >= 1 && M >= 0 && M < 64;
 
@@ -176,6 +186,14 @@ struct policy_name<Float8<Tensorwise, S>> {
 template <int H, int M, class S>
 struct policy_name<Float8<Delayed<H, M>, S>> {
   static constexpr const char* value = "fp8-delayed";
+};
+template <class S>
+struct policy_name<Float8<Rowwise, S>> {
+  static constexpr const char* value = "fp8-rowwise";
+};
+template <class S>
+struct policy_name<Float8<RowwiseWithGwHp, S>> {
+  static constexpr const char* value = "fp8-rowwise-gw-hp";
 };
 }  // namespace detail
 

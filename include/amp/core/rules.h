@@ -78,6 +78,15 @@ template <>
 inline constexpr bool float8_supported_v<CPU> = compat::kCpuHasScaledMm;
 template <>
 inline constexpr bool float8_supported_v<CUDA> = compat::kHasFloat8Matmul;
+// And with rowwise scales (Rowwise, RowwiseWithGwHp): CPU from LibTorch 2.14.
+template <class Device>
+inline constexpr bool float8_rowwise_supported_v = false;
+template <>
+inline constexpr bool float8_rowwise_supported_v<CPU> = compat::kCpuHasRowwiseScaledMm;
+template <>
+inline constexpr bool float8_rowwise_supported_v<CUDA> = compat::kHasFloat8Matmul;
+template <class R>
+inline constexpr bool is_rowwise_recipe_v = std::is_same_v<R, Rowwise> || std::is_same_v<R, RowwiseWithGwHp>;
 
 // ---------------------------------------------------------------------------
 // Validity: one trait per rule, then their conjunction.
@@ -105,7 +114,8 @@ inline constexpr bool bf16_is_unscaled_v =
 // Rule: True<D> needs a dtype tag.
 template <class P>
 inline constexpr bool true_has_dtype_v = !is_true_v<P> || is_dtype_v<true_dtype_t<P>>;
-// Rule: Float8<R> needs a float8 recipe (Tensorwise, Delayed<H >= 1, 0 <= M < 64>).
+// Rule: Float8<R> needs a float8 recipe (Tensorwise, Rowwise, RowwiseWithGwHp,
+// Delayed<H >= 1, 0 <= M < 64>).
 template <class P>
 inline constexpr bool float8_has_recipe_v = !is_float8_v<P> || is_float8_recipe_v<float8_recipe_t<P>>;
 // Rule: Float8 takes no Scaler: what is not float8 computes in bf16.
@@ -128,7 +138,9 @@ struct supported_impl<Mixed<C, S>, Device, true> : std::bool_constant<autocast_s
 template <class D, class Device>
 struct supported_impl<True<D>, Device, true> : std::bool_constant<true_precision_supported_v<D, Device>> {};
 template <class R, class S, class Device>
-struct supported_impl<Float8<R, S>, Device, true> : std::bool_constant<float8_supported_v<Device>> {};
+struct supported_impl<Float8<R, S>, Device, true>
+    : std::bool_constant<float8_supported_v<Device> &&
+                         (!is_rowwise_recipe_v<R> || float8_rowwise_supported_v<Device>)> {};
 }  // namespace detail
 
 // A valid policy that this LibTorch can run on Device.
@@ -155,7 +167,8 @@ constexpr bool check_policy() {
     return false;
   } else if constexpr (!float8_has_recipe_v<P>) {
     static_assert(float8_has_recipe_v<P>,
-                  "amp: Float8<Recipe> needs a float8 recipe; use amp::Float8<amp::Tensorwise> (current scaling) or "
+                  "amp: Float8<Recipe> needs a float8 recipe; use amp::Float8<amp::Tensorwise> (current scaling), "
+                  "amp::Float8<amp::Rowwise> or amp::Float8<amp::RowwiseWithGwHp> (torchao's rowwise recipes), or "
                   "amp::Float8<amp::Delayed<History, Margin>> with History >= 1 and 0 <= Margin < 64 (e.g. "
                   "amp::Delayed<>, Transformer Engine's 1024 and 0)");
     return false;
@@ -212,6 +225,13 @@ constexpr bool check_supported() {
   } else if constexpr (std::is_same_v<P, True<tf32>> && std::is_same_v<Device, CPU>) {
     static_assert(dependent_false_v<P>,
                   "amp: True<tf32> is a tensor-core math mode that CPUs do not have; on CPU use amp::True<amp::fp32>");
+    return false;
+  } else if constexpr (is_float8_v<P> && is_rowwise_recipe_v<float8_recipe_t<P>> && std::is_same_v<Device, CPU> &&
+                       !float8_rowwise_supported_v<CPU>) {
+    static_assert(dependent_false_v<P>,
+                  "amp: Float8's rowwise recipes on CPU need LibTorch 2.14 or newer (a CPU at::_scaled_mm that takes "
+                  "rowwise scales); on this LibTorch use amp::Float8<amp::Tensorwise> (LibTorch 2.8+) or "
+                  "amp::Mixed<amp::bf16, amp::NoScaler> on amp::CPU");
     return false;
   } else if constexpr (is_float8_v<P> && !float8_supported_v<Device> && std::is_same_v<Device, CPU>) {
     static_assert(dependent_false_v<P>,

@@ -4,8 +4,10 @@
 // use_fast_accum) returning one tensor: 2.5 (2.1-2.4 returned (out, amax));
 // the float8 dtypes themselves are 2.1. A CPU kernel arrived in 2.8
 // (tensorwise scales; emulated in fp32 where the CPU lacks AMX: for
-// correctness, not speed). On CUDA it needs compute capability 8.9+, which is
-// a run-time question.
+// correctness, not speed). Rowwise scales (scale_a [M, 1], scale_b [1, N]):
+// CUDA from 2.5; CPU measured on 2.14, the first line here whose CPU kernel
+// takes them. On CUDA it needs compute capability 8.9+, which is a run-time
+// question.
 #pragma once
 
 #include "amp/version.h"
@@ -25,6 +27,11 @@
 #else
 #define AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL 0
 #endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#define AMP_DETAIL_HAS_CPU_ROWWISE_FLOAT8 1
+#else
+#define AMP_DETAIL_HAS_CPU_ROWWISE_FLOAT8 0
+#endif
 
 namespace amp {
 namespace detail {
@@ -33,8 +40,9 @@ namespace compat {
 inline constexpr bool kHasFloat8Dtype = AMP_DETAIL_HAS_FLOAT8_DTYPE;  // at::kFloat8_e4m3fn (fp8 optimizer states)
 inline constexpr bool kHasFloat8Matmul = AMP_DETAIL_HAS_FLOAT8_MATMUL;
 inline constexpr bool kCpuHasScaledMm = AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL;
+inline constexpr bool kCpuHasRowwiseScaledMm = AMP_DETAIL_HAS_CPU_ROWWISE_FLOAT8;
 static_assert(kHasFloat8Dtype == libtorch_at_least(2, 1) && kHasFloat8Matmul == libtorch_at_least(2, 5) &&
-                  kCpuHasScaledMm == libtorch_at_least(2, 8),
+                  kCpuHasScaledMm == libtorch_at_least(2, 8) && kCpuHasRowwiseScaledMm == libtorch_at_least(2, 14),
               "amp: compat_float8.h's float8 switches disagree with version.h");
 
 }  // namespace compat

@@ -21,9 +21,11 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "amp/core/policy.h"
 #include "amp/detail/compat_float8.h"
 #include "amp/float8/recipe.h"
 #include "amp/precision/linear_routing.h"
@@ -141,15 +143,19 @@ struct Float8Matmul : torch::autograd::Function<Float8Matmul> {
   }
 };
 
-// float8::linear's body, with delayed scaling when `slots` is not null.
-inline at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weight,
-                                const c10::optional<at::Tensor>& bias, const DelayedSlots* slots) {
+// A float8 linear's frame: input [..., in] cast to the compute dtype and
+// flattened to 2-D for matmul(x2d) (an autograd function's apply), the
+// result reshaped to [..., out], the bias added in that dtype (torchao's
+// `output + bias.to(output.dtype)`).
+template <class Matmul>
+at::Tensor linear_via(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                      Matmul&& matmul) {
   // amp's own casts, not the user's: strict casts do not see them.
   c10::impl::ExcludeDispatchKeyGuard not_user_code(amp::detail::kStrictCastsKey);
   TORCH_CHECK(input.dim() >= 1 && input.size(-1) == weight.size(1), "amp: float8::linear got input ", input.sizes(),
               " for a weight ", weight.sizes(), "; the input's last dimension must be the weight's second");
   const at::Tensor x = input.to(kComputeDtype);
-  at::Tensor y = Float8Matmul::apply(x.reshape({-1, x.size(-1)}), weight, slots);
+  at::Tensor y = matmul(x.reshape({-1, x.size(-1)}));
   std::vector<int64_t> shape = input.sizes().vec();
   shape.back() = weight.size(0);
   y = y.reshape(shape);
@@ -157,23 +163,38 @@ inline at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weigh
   return y;
 }
 
+// float8::linear's body, with delayed scaling when `slots` is not null.
+inline at::Tensor float8_linear(const at::Tensor& input, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias, const DelayedSlots* slots) {
+  return linear_via(input, weight, bias, [&](const at::Tensor& x) { return Float8Matmul::apply(x, weight, slots); });
+}
+
 }  // namespace detail
 
-// y = x·Wᵀ (+ b): in float8 (tensorwise) when `weight` fits, else at::linear.
-// x of any shape [..., in]; y [..., out] in bf16 on the float8 path.
-inline at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
-                         const c10::optional<at::Tensor>& bias = c10::nullopt) {
+// y = x·Wᵀ (+ b): in float8 with Recipe's scaling when `weight` fits, else
+// at::linear. x of any shape [..., in]; y [..., out] in bf16 on the float8
+// path. Recipe: Tensorwise (here), Rowwise or RowwiseWithGwHp
+// (amp/float8/rowwise.h); Delayed's scales live in a DelayedScaling
+// (amp/float8/delayed.h).
+template <class Recipe = Tensorwise>
+at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
+                  const c10::optional<at::Tensor>& bias = c10::nullopt) {
+  static_assert(std::is_same_v<Recipe, Tensorwise>,  // rowwise.h specializes Rowwise and RowwiseWithGwHp
+                "amp: float8::linear<Recipe> takes amp::Tensorwise here; for amp::Rowwise and "
+                "amp::RowwiseWithGwHp #include <amp/float8/rowwise.h>; Delayed scaling runs through "
+                "amp::float8::DelayedScaling and DelayedLinearGuard");
   if (!fits(weight)) return at::linear(input, weight, bias);
   return detail::float8_linear(input, weight, bias, nullptr);
 }
 
 // RAII: while it lives, every linear that a routing region routes on this
 // thread (amp/precision/linear_routing.h: a Mixed region with LinearRouting::kOn)
-// runs float8::linear, whatever module or function called it. The previous
-// LinearFn comes back after.
+// runs float8::linear<Recipe>, whatever module or function called it. The
+// previous LinearFn comes back after.
+template <class Recipe = Tensorwise>
 class LinearGuard {
  public:
-  LinearGuard() : fn_(&float8::linear) {}
+  LinearGuard() : fn_(&float8::linear<Recipe>) {}
 
  private:
   amp::detail::LinearFnGuard fn_;

@@ -6,7 +6,7 @@
 //
 // A Float8 region is a bf16 autocast region whose linear routing is on
 // (amp/precision/linear_routing.h): each C++ linear whose weight fits
-// (float8::fits) runs float8::linear, tensorwise or with delayed scaling; the
+// (float8::fits) runs float8::linear, tensorwise, rowwise or with delayed scaling; the
 // others, and every other op, run in bf16 as in Mixed<bf16, NoScaler>.
 // The recipe's state (TrainingState) is the trainer's: Tensorwise has none;
 // Delayed keeps a DelayedScaling of every fitting nn::Linear of the model,
@@ -28,6 +28,7 @@
 #include "amp/detail/compat_float8.h"
 #include "amp/float8/delayed.h"
 #include "amp/float8/linear.h"
+#include "amp/float8/rowwise.h"
 #include "amp/precision/linear_routing.h"
 #include "amp/precision/region.h"
 
@@ -66,21 +67,27 @@ inline std::string describe(const Coverage& c) {
   return s;
 }
 
-// An amp: error unless `device` runs float8 matmuls: on CUDA, compute
-// capability 8.9+ (a 16x16 _scaled_mm is tried once per call); CPU needs
-// nothing more than the LibTorch version the rules checked.
-inline void check_device(const c10::Device& device) {
+// An amp: error unless `device` runs Recipe's float8 matmuls: a 16x16
+// _scaled_mm with the recipe's scales is tried once per call (on CUDA it
+// needs compute capability 8.9+; the rowwise kernels, a LibTorch that has them).
+template <class Recipe>
+void check_device(const c10::Device& device) {
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
-  if (!device.is_cuda()) return;
+  constexpr bool rowwise = amp::detail::is_rowwise_recipe_v<Recipe>;
+  if (!device.is_cuda() && !rowwise) return;  // the static rules checked CPU's LibTorch
   const auto f32 = at::TensorOptions().device(device).dtype(at::kFloat);
-  const at::Tensor a = at::zeros({16, 16}, f32).to(kE4M3), one = at::ones({}, f32);
+  const at::Tensor a = at::zeros({16, 16}, f32).to(kE4M3);
+  const at::Tensor sa = rowwise ? at::ones({16, 1}, f32) : at::ones({}, f32);
+  const at::Tensor sb = rowwise ? at::ones({1, 16}, f32) : at::ones({}, f32);
   try {
-    (void)detail::scaled_mm(a, a.t(), one, one, at::kBFloat16);
+    (void)at::_scaled_mm(a, a.t(), sa, sb, c10::nullopt, c10::nullopt, at::kBFloat16, false);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false,
-                "amp: Float8 policies need a GPU of compute capability 8.9 or newer (Ada, Hopper, "
-                "Blackwell) for at::_scaled_mm; on this one use amp::Mixed<amp::bf16, amp::NoScaler>. LibTorch said: ",
-                e.what_without_backtrace());
+    TORCH_CHECK(false, "amp: ", rowwise ? "Float8's rowwise recipes need" : "Float8 policies need", " at::_scaled_mm",
+                rowwise ? " with rowwise scales" : "",
+                " on this device: on CUDA a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell)",
+                rowwise ? ", on CPU LibTorch 2.14+" : "", "; here use ",
+                rowwise ? "amp::Float8<amp::Tensorwise> or " : "",
+                "amp::Mixed<amp::bf16, amp::NoScaler>. LibTorch said: ", e.what_without_backtrace());
   }
 #else
   (void)device;
@@ -164,7 +171,18 @@ namespace detail {
 // Region<Float8<Tensorwise>, D>: the routed linears run float8::linear.
 template <>
 struct Float8RegionGuard<Tensorwise> {
-  float8::LinearGuard guard;
+  float8::LinearGuard<Tensorwise> guard;
+};
+
+// Region<Float8<Rowwise>, D> and Region<Float8<RowwiseWithGwHp>, D>:
+// float8::linear with torchao's rowwise recipes (amp/float8/rowwise.h).
+template <>
+struct Float8RegionGuard<Rowwise> {
+  float8::LinearGuard<Rowwise> guard;
+};
+template <>
+struct Float8RegionGuard<RowwiseWithGwHp> {
+  float8::LinearGuard<RowwiseWithGwHp> guard;
 };
 
 // Region<Float8<Delayed<...>>, D>: the routed linears run with the scales of

@@ -246,7 +246,8 @@ class Precision {
     for (const auto& m : models_)
       if (m.get() == module.get()) return;
     detail::setup_model<Policy, Device>(*module, "Precision", "before prec.setup(model)");
-    if constexpr (is_float8_v<Policy>) float8::detail::check_device(module->parameters().front().device());
+    if constexpr (is_float8_v<Policy>)
+      float8::detail::check_device<detail::float8_recipe_t<Policy>>(module->parameters().front().device());
     float8_.track(*module, std::to_string(models_.size()) + ".");  // model i's linears: "<i>.<path>"
     models_.push_back(module);
   }

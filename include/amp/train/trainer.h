@@ -412,7 +412,8 @@ class Trainer {
     detail::check_accumulation(opt, options_.stepper().accumulation_steps());  // before the model changes
     detail::check_device<Policy, Device>("Trainer");
     detail::setup_model<Policy, Device>(*module_, "Trainer", "before constructing the Trainer");
-    if constexpr (is_float8_v<Policy>) float8::detail::check_device(parameter_device());
+    if constexpr (is_float8_v<Policy>)
+      float8::detail::check_device<detail::float8_recipe_t<Policy>>(parameter_device());
     return opt;
   }
 

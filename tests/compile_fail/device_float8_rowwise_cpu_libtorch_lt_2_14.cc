@@ -1,0 +1,15 @@
+// Compile-fail test: Float8's rowwise recipes on CPU before LibTorch 2.14 (built
+// only against such a LibTorch: the _libtorch_lt_2_14 suffix tells Bazel and CMake).
+// expect: amp: Float8's rowwise recipes on CPU need LibTorch 2.14 or newer
+// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
+// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+#include <amp/core/rules.h>
+
+// The passing twin: a valid use of the same entry point.
+static_assert(amp::require_supported<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>());
+
+#ifdef AMP_SHOULD_FAIL
+static_assert(amp::require_supported<amp::Float8<amp::RowwiseWithGwHp>, amp::CPU>());
+#endif
+
+int main() { return 0; }
