@@ -15,6 +15,10 @@ template <class R>
 std::string recipe_name() {
   if constexpr (std::is_same_v<R, amp::Tensorwise>)
     return "Tensorwise";
+  else if constexpr (std::is_same_v<R, amp::Rowwise>)
+    return "Rowwise";
+  else if constexpr (std::is_same_v<R, amp::RowwiseWithGwHp>)
+    return "RowwiseWithGwHp";
   else
     return "Delayed<" + std::to_string(R::history_length) + ", " + std::to_string(R::margin) + ">";
 }
