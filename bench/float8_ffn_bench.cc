@@ -137,3 +137,7 @@ BENCHMARK_TEMPLATE(BM_CudaFfn, amp::Tensorwise)->UseRealTime()->Unit(benchmark::
 BENCHMARK_TEMPLATE(BM_CudaFfn, amp::Delayed<>)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_TEMPLATE(BM_CpuFfnSmall, amp::Tensorwise)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK_TEMPLATE(BM_CpuFfnSmall, amp::Delayed<>)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(2);
+BENCHMARK_TEMPLATE(BM_CudaFfn, amp::Rowwise)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_TEMPLATE(BM_CudaFfn, amp::RowwiseWithGwHp)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_TEMPLATE(BM_CpuFfnSmall, amp::Rowwise)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(2);
+BENCHMARK_TEMPLATE(BM_CpuFfnSmall, amp::RowwiseWithGwHp)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(2);

@@ -1,6 +1,7 @@
 """bench/float8_ffn_twin.py: bench/float8_ffn_bench.cc's model in plain Python
 torch: the same float8 recipes (tests/parity/float8_twin.py: torch._scaled_mm
-in an autograd.Function, tensorwise or delayed scaling) against bf16 autocast,
+in an autograd.Function, tensorwise, delayed or torchao's rowwise scaling)
+against bf16 autocast,
 AdamW(fused=True), the same shapes, warm-up and timing; host syncs per step
 (torch.cuda.set_sync_debug_mode(1)) and peak memory per step.
 
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
-from float8_twin import Delayed, fp8_linear  # noqa: E402  the recipe the parity check holds amp to
+from float8_twin import Delayed, delayed_update_vectorized, linear_for  # noqa: E402  the recipe the parity check holds amp to
 from twin_timing import best_steps_per_s, syncs_per_step  # noqa: E402
 
 
@@ -23,18 +24,18 @@ class Ffn(torch.nn.Module):
         super().__init__()
         self.norm, self.up, self.down = torch.nn.LayerNorm(d), torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
 
-    def forward(self, x, fp8):
-        if fp8 is False:  # bf16-mixed: the modules as they are
+    def forward(self, x, lin):
+        if lin is None:  # bf16-mixed: the modules as they are
             return x + self.down(F.gelu(self.up(self.norm(x))))
-        lin = lambda m, t: fp8_linear(t, m.weight, m.bias, fp8)  # noqa: E731
-        return x + lin(self.down, F.gelu(lin(self.up, self.norm(x))))
+        return x + lin(F.gelu(lin(self.norm(x), self.up)), self.down)
 
 
 def bench(name, recipe, d, blocks, tokens, steps, rounds, device):
     torch.manual_seed(0)
     model = torch.nn.ModuleList([Ffn(d) for _ in range(blocks)]).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    fp8 = False if recipe == "bf16" else (Delayed(model, 1024) if recipe == "delayed" else None)
+    fp8 = Delayed(model, 1024, update=delayed_update_vectorized) if recipe == "delayed" else None
+    lin = None if recipe == "bf16" else linear_for(recipe, fp8)
     torch.manual_seed(1)
     x, y = torch.randn(tokens, d, device=device), torch.randn(tokens, d, device=device)
     cuda = device == "cuda"
@@ -44,7 +45,7 @@ def bench(name, recipe, d, blocks, tokens, steps, rounds, device):
         with torch.autocast(device, dtype=torch.bfloat16):
             h = x
             for block in model:
-                h = block(h, fp8)
+                h = block(h, lin)
             loss = F.mse_loss(h.float(), y)
         loss.backward()
         opt.step()
@@ -68,6 +69,7 @@ if __name__ == "__main__":
     small = "--small" in sys.argv
     device = "cpu" if small or not torch.cuda.is_available() else "cuda"
     shape = (64, 1, 128, 5, 2) if device == "cpu" else (4096, 2, 8192, 10, 3)
-    rates = {r: bench(f"ffn {r} ({device})", r, *shape, device) for r in ("bf16", "tensorwise", "delayed")}
-    for r in ("tensorwise", "delayed"):
+    recipes = ("tensorwise", "delayed", "rowwise", "rowwise-gw-hp")
+    rates = {r: bench(f"ffn {r} ({device})", r, *shape, device) for r in ("bf16",) + recipes}
+    for r in recipes:
         print(f"python ffn fp8 {r} / bf16-mixed: {rates[r] / rates['bf16']:.2f}x")

@@ -112,9 +112,24 @@ def delayed_update(history, scale, fp8_max, margin):
     return new_scale
 
 
+def delayed_update_vectorized(history, scale, fp8_max, margin):
+    """delayed_update's arithmetic as tensor ops, without host syncs (the
+    benchmark's twin, bench/float8_ffn_twin.py)."""
+    f32 = torch.float32
+    rolls = history[0] != 0
+    amax = torch.where(torch.isnan(history), torch.zeros_like(history), history).max(dim=0).values
+    sf = torch.tensor(fp8_max * 2.0 ** -margin, dtype=f32, device=history.device) / amax
+    sf = torch.where(rolls & (amax > 0) & torch.isfinite(amax), sf, scale)
+    sf = torch.where(torch.isinf(sf), torch.full_like(sf, torch.finfo(f32).max), sf)
+    rolled = torch.roll(history, -1, 0)
+    rolled[0] = 0
+    history.copy_(torch.where(rolls, rolled, history))
+    return sf
+
+
 class Delayed:
-    def __init__(self, model, length, margin=0):
-        self.margin = margin
+    def __init__(self, model, length, margin=0, update=delayed_update):
+        self.margin, self.update_fn = margin, update
         self.slots = {}  # id(weight) -> state, in named_modules order
         for _, m in model.named_modules():
             if isinstance(m, torch.nn.Linear) and fits(m.weight):
@@ -124,8 +139,8 @@ class Delayed:
 
     def update(self):
         for s in self.slots.values():
-            s["fwd_scale"].copy_(delayed_update(s["fwd_history"], s["fwd_scale"], torch.finfo(E4M3).max, self.margin))
-            s["bwd_scale"].copy_(delayed_update(s["bwd_history"], s["bwd_scale"], torch.finfo(E5M2).max, self.margin))
+            s["fwd_scale"].copy_(self.update_fn(s["fwd_history"], s["fwd_scale"], torch.finfo(E4M3).max, self.margin))
+            s["bwd_scale"].copy_(self.update_fn(s["bwd_history"], s["bwd_scale"], torch.finfo(E5M2).max, self.margin))
 
     def state(self):
         return [t for s in self.slots.values() for t in (s["fwd_history"], s["fwd_scale"], s["bwd_history"],
@@ -329,8 +344,22 @@ RUNS = {f"fp8-{r}-{m}": (lambda r=r, run=run: run(r)) for r in RECIPES for m, ru
                                                                                          ("block", run_block))}
 
 
+def vectorized_update_is_the_loop():
+    """The benchmark's vectorized update against the kernel loop, on histories
+    with a zero step, inf, NaN, a tiny amax and ordinary ones."""
+    inf, nan = float("inf"), float("nan")
+    h = torch.tensor([[0.0, inf, nan, 1e-40, 3.0, 0.0], [5.0, 1.0, 1.0, 0.0, 2.0, 0.0], [1.0, 2.0, 0.5, 0.0, 7.0, 0.0]])
+    scale = torch.tensor([3.0, 7.0, 7.0, 1.0, 1.0, 2.0])
+    h1, h2 = h.clone(), h.clone()
+    s1, s2 = delayed_update(h1, scale, 448.0, 1), delayed_update_vectorized(h2, scale, 448.0, 1)
+    return torch.equal(s1, s2) and torch.equal(torch.nan_to_num(h1), torch.nan_to_num(h2))
+
+
 def main(out):
     print(f"float8_twin: torch {torch.__version__} on cpu")
+    if not vectorized_update_is_the_loop():
+        print("FAIL the vectorized delayed update (the benchmark's) differs from the kernel loop")
+        return 1
     cpp = {}
     for line in open(f"{out}/cpp_steps.txt"):
         name, i, loss = line.split()

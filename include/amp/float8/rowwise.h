@@ -104,20 +104,24 @@ struct RowwiseMatmul : torch::autograd::Function<RowwiseMatmul> {
 
 }  // namespace detail
 
+namespace detail {
+inline at::Tensor rowwise_linear(const at::Tensor& input, const at::Tensor& weight,
+                                 const c10::optional<at::Tensor>& bias, bool gw_hp) {
+  if (!fits(weight)) return at::linear(input, weight, bias);
+  return linear_via(input, weight, bias, [&](const at::Tensor& x) { return RowwiseMatmul::apply(x, weight, gw_hp); });
+}
+}  // namespace detail
+
 // float8::linear with torchao's rowwise recipes (see the top of this file).
 template <>
 inline at::Tensor linear<Rowwise>(const at::Tensor& input, const at::Tensor& weight,
                                   const c10::optional<at::Tensor>& bias) {
-  if (!fits(weight)) return at::linear(input, weight, bias);
-  return detail::linear_via(input, weight, bias,
-                            [&](const at::Tensor& x) { return detail::RowwiseMatmul::apply(x, weight, false); });
+  return detail::rowwise_linear(input, weight, bias, /*gw_hp=*/false);
 }
 template <>
 inline at::Tensor linear<RowwiseWithGwHp>(const at::Tensor& input, const at::Tensor& weight,
                                           const c10::optional<at::Tensor>& bias) {
-  if (!fits(weight)) return at::linear(input, weight, bias);
-  return detail::linear_via(input, weight, bias,
-                            [&](const at::Tensor& x) { return detail::RowwiseMatmul::apply(x, weight, true); });
+  return detail::rowwise_linear(input, weight, bias, /*gw_hp=*/true);
 }
 
 #endif  // AMP_DETAIL_HAS_FLOAT8_MATMUL
