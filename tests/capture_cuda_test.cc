@@ -311,8 +311,8 @@ TEST(CaptureCuda, EagerStepsBetweenReplays) {
 template <class Recipe>
 void float8_replays_equal_eager_steps() {
   SKIP_WITHOUT_CUDA();
-  if (error_of([] { amp::float8::detail::check_device<amp::Tensorwise>(c10::Device(c10::kCUDA, 0)); }) != "<no error>")
-    GTEST_SKIP() << "no float8 matmul on this GPU (compute capability < 8.9)";
+  if (error_of([] { amp::float8::detail::check_device<Recipe>(c10::Device(c10::kCUDA, 0)); }) != "<no error>")
+    GTEST_SKIP() << "no float8 matmul for this recipe on this GPU (compute capability < 8.9)";
   using P = amp::Float8<Recipe>;
   Training<P> eager(Opt::kAdamW), captured(Opt::kAdamW);
   auto step = captured.trainer.capture(captured.fn(), batch_at(0, 32, false));
@@ -321,7 +321,7 @@ void float8_replays_equal_eager_steps() {
     EXPECT_TRUE(torch::equal(eager.eager(b).loss, step(b).loss)) << "step " << i;
   }
   expect_same(eager, captured);
-  if constexpr (!std::is_same_v<Recipe, amp::Tensorwise>) {
+  if constexpr (std::is_same_v<Recipe, amp::Delayed<16>>) {
     const auto sa = eager.trainer.float8_state().scaling().state_dict();
     const auto sb = captured.trainer.float8_state().scaling().state_dict();
     ASSERT_EQ(sa.size(), 12u) << "three linears, four tensors each";
@@ -331,6 +331,8 @@ void float8_replays_equal_eager_steps() {
 
 TEST(CaptureCuda, Float8TensorwiseEqualsEager) { float8_replays_equal_eager_steps<amp::Tensorwise>(); }
 TEST(CaptureCuda, Float8DelayedEqualsEagerStateIncluded) { float8_replays_equal_eager_steps<amp::Delayed<16>>(); }
+TEST(CaptureCuda, Float8RowwiseEqualsEager) { float8_replays_equal_eager_steps<amp::Rowwise>(); }
+TEST(CaptureCuda, Float8RowwiseWithGwHpEqualsEager) { float8_replays_equal_eager_steps<amp::RowwiseWithGwHp>(); }
 #endif  // AMP_DETAIL_HAS_FLOAT8_MATMUL
 
 }  // namespace

@@ -625,7 +625,7 @@ void float8_replays_equal_eager() {
   EXPECT_EQ(captured.steps(), 12);
   const auto pa = ma->parameters(), pb = mb->parameters();
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
-  if constexpr (!std::is_same_v<Recipe, amp::Tensorwise>) {
+  if constexpr (std::is_same_v<Recipe, amp::Delayed<4>>) {
     const auto sa = eager.float8_state().scaling().state_dict(), sb = captured.float8_state().scaling().state_dict();
     ASSERT_EQ(sa.size(), 8u) << "two linears, four tensors each";
     for (const auto& item : sa) EXPECT_TRUE(torch::equal(item.value(), sb[item.key()])) << item.key();
@@ -635,6 +635,10 @@ void float8_replays_equal_eager() {
 
 TEST_F(Emulated, Float8TensorwiseReplaysEqualEagerSteps) { float8_replays_equal_eager<amp::Tensorwise>(); }
 TEST_F(Emulated, Float8DelayedReplaysEqualEagerStepsStateIncluded) { float8_replays_equal_eager<amp::Delayed<4>>(); }
-#endif  // AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
+#endif                                 // AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
+#if AMP_DETAIL_HAS_CPU_ROWWISE_FLOAT8  // rowwise scales in CPU's _scaled_mm: LibTorch 2.14
+TEST_F(Emulated, Float8RowwiseReplaysEqualEagerSteps) { float8_replays_equal_eager<amp::Rowwise>(); }
+TEST_F(Emulated, Float8RowwiseWithGwHpReplaysEqualEagerSteps) { float8_replays_equal_eager<amp::RowwiseWithGwHp>(); }
+#endif
 
 }  // namespace
