@@ -6,6 +6,7 @@
 // The CUDA guards are also checked here without a GPU: they only set CUDA's
 // thread-local autocast state. Op-level CUDA checks GTEST_SKIP without a GPU.
 #include "amp/precision/autocast.h"
+#include "amp/precision/region.h"
 
 #include "autocast_state.h"
 
@@ -13,6 +14,7 @@
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
+#include <torch/nn/modules/linear.h>
 
 #include <condition_variable>
 #include <mutex>
@@ -248,6 +250,53 @@ TEST_F(AutocastCpu, NewThreadStartsWithAutocastOff) {
   EXPECT_EQ(child, kDefault);
   EXPECT_EQ(child_op, ScalarType::Float);
   EXPECT_EQ(linear_out().scalar_type(), ScalarType::BFloat16);
+}
+
+// Autocast routes LibTorch's C++ linears (amp/precision/linear_routing.h) by
+// default, as a Region does: a weight is cast once per guard, as Python's
+// nn.Linear is; LinearRouting::kOff and enabled=false leave LibTorch's ops.
+TEST_F(AutocastCpu, RoutesLinearsByDefault) {
+  EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOff);
+  {
+    amp::Autocast<amp::bf16, amp::CPU> on;
+    EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOn);
+    {
+      amp::Autocast<amp::bf16, amp::CPU> off(amp::LinearRouting::kOff);
+      EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOff);
+    }
+    {
+      amp::Autocast<amp::bf16, amp::CPU> disabled(/*enabled=*/false);
+      EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOff);
+    }
+    EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOn);
+  }
+  EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOff);
+}
+
+// A Linear called twice: its weight gradient under a bare Autocast is the
+// routed Region's bit for bit, and differs from LibTorch's own ops (kOff),
+// whose two casts sum their gradients in fp32.
+TEST_F(AutocastCpu, ALinearCalledTwiceHasTheRoutedRegionsGradient) {
+  enum class Guard { kAutocast, kAutocastOff, kRegion };
+  auto weight_grad = [](Guard guard) {
+    torch::manual_seed(0);
+    torch::nn::Linear fc(64, 32);
+    const at::Tensor x = torch::randn({16, 64}) * 4;
+    at::Tensor loss;
+    if (guard == Guard::kRegion) {
+      amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> region;
+      loss = fc(x).sum() + fc(x * 2).sum();
+    } else {
+      amp::Autocast<amp::bf16, amp::CPU> autocast(guard == Guard::kAutocast ? amp::LinearRouting::kOn
+                                                                            : amp::LinearRouting::kOff);
+      loss = fc(x).sum() + fc(x * 2).sum();
+    }
+    loss.backward();
+    return fc->weight.grad().clone();
+  };
+  const at::Tensor routed = weight_grad(Guard::kRegion);
+  EXPECT_TRUE(at::equal(weight_grad(Guard::kAutocast), routed));
+  EXPECT_FALSE(at::equal(weight_grad(Guard::kAutocastOff), routed));
 }
 
 }  // namespace

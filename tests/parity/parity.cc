@@ -14,6 +14,8 @@
 //                           and fake half of the batch, hinge losses summed), Trainer<Mixed<bf16, NoScaler>>
 //                           + SGD vs nn.Linear under torch.autocast: needs linear routing (one weight cast
 //                           per region, as Python; amp/precision/linear_routing.h)
+//   gan-d-bf16-autocast-sgd-unfused  the same loop under a bare amp::Autocast guard and
+//                           LibTorch's SGD step (the existing-code recipe)
 // Where the LibTorch has fused kernels for the device (CUDA; CPU from 2.4):
 //   recipe-16-mixed         amp::GradScaler + amp::Autocast<fp16> + SGD (momentum), by hand
 //                           vs torch.amp + SGD(foreach=False)
@@ -195,6 +197,29 @@ void gan_run(Log& log, const Data& data, const std::string& name, const OptOptio
   log.save(*d);
 }
 
+// The existing-code recipe: gan_run's discriminator and SGD under a bare
+// amp::Autocast guard and LibTorch's own optimizer step, no Trainer. Autocast
+// routes linears by default, so this is Python's torch.autocast loop.
+template <class Dev>
+void autocast_gan_run(Log& log, const Data& data, const std::string& name) {
+  log.run = name;
+  auto d = make_discriminator(data.device);
+  torch::optim::SGD opt(d->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  for (int i = 0; i < kSteps; ++i) {
+    const torch::Tensor real = data.x[i].narrow(0, 0, 64), fake = data.x[i].narrow(0, 64, 64);
+    opt.zero_grad();
+    torch::Tensor loss;
+    {
+      amp::Autocast<amp::bf16, Dev> autocast;
+      loss = torch::relu(torch::rsub(d->forward(real), 1)).mean() + torch::relu(torch::add(d->forward(fake), 1)).mean();
+    }
+    loss.backward();
+    opt.step();
+    log.step(i, loss, 1.0);
+  }
+  log.save(*d);
+}
+
 // The GAN of the Precision runs, with functional torch::linear (gan_run above
 // checks nn::Linear modules called twice per step, through linear routing).
 struct Mlp : torch::nn::Module {
@@ -305,6 +330,7 @@ int run(const std::string& dir, torch::Device device) {
                                               amp::TrainerOptions().fused(false));
   gan_run<Dev, SGD>(log, data, "gan-d-bf16-mixed-sgd-unfused", SGDOptions(0.01).momentum(0.9),
                     amp::TrainerOptions().fused(false));
+  autocast_gan_run<Dev>(log, data, "gan-d-bf16-autocast-sgd-unfused");
   precision_run<Bf16, Dev, SGD, SGD>(log, device, "precision-bf16-mixed-gan-unfused", SGDOptions(0.02).momentum(0.5),
                                      SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4),
                                      /*fused=*/false, /*poison=*/false);

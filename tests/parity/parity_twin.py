@@ -50,6 +50,9 @@ RUNS = {
     # nn.Linear under autocast casts each weight once per step; C++ matches with amp's linear routing.
     "gan-d-bf16-mixed-sgd-unfused": Run(torch.bfloat16, False, None, sgd(lr=0.01, momentum=0.9, foreach=False),
                                         None, False, gan=True),
+    # The same loop under a bare amp::Autocast guard and LibTorch's own SGD step (no Trainer).
+    "gan-d-bf16-autocast-sgd-unfused": Run(torch.bfloat16, False, None, sgd(lr=0.01, momentum=0.9, foreach=False),
+                                           None, False, gan=True),
     # The fused path.
     "recipe-16-mixed": Run(torch.float16, False, 65536.0, sgd(lr=0.05, momentum=0.9, foreach=False), None, True),
     "trainer-16-mixed": Run(torch.float16, False, 65536.0, adam(), None, True),

@@ -39,6 +39,7 @@
 #include "amp/core/device.h"
 #include "amp/core/dtype.h"
 #include "amp/core/rules.h"
+#include "amp/precision/linear_routing.h"
 
 namespace amp {
 namespace detail {
@@ -107,12 +108,16 @@ class AutocastState {
 }  // namespace detail
 
 // Autocast<Dtype, Device>: eligible ops on Device run in Dtype (fp16 or bf16)
-// for the guard's lifetime. Non-copyable and non-movable: it restores the
+// for the guard's lifetime, and LibTorch's C++ linear layers are routed to
+// aten::linear so that each weight is cast once per region, as Python's
+// nn.Linear is (amp/precision/linear_routing.h; LinearRouting::kOff: LibTorch's
+// own ops, a cast per call). Non-copyable and non-movable: it restores the
 // state of the thread and scope it was created in.
 //
-//   amp::Autocast<amp::bf16, amp::CPU> on;                   // enabled
+//   amp::Autocast<amp::bf16, amp::CPU> on;                   // enabled, linears routed
 //   amp::Autocast<amp::bf16, amp::CPU> off(/*enabled=*/false);  // torch.autocast(..., enabled=False)
 //   amp::Autocast<amp::bf16, amp::CPU> nocache(true, /*cache_enabled=*/false);
+//   amp::Autocast<amp::bf16, amp::CPU> unrouted(amp::LinearRouting::kOff);
 template <class Dtype, class Device>
 class Autocast {
   static_assert(detail::check_autocast<Dtype, Device>());
@@ -126,8 +131,12 @@ class Autocast {
   // enabled=false is torch.autocast(enabled=False): the dtype is still set and
   // the nesting counted, but ops run in their own dtypes. cache_enabled unset
   // keeps the thread's current cache flag, as torch's cache_enabled=None.
-  explicit Autocast(bool enabled = true, std::optional<bool> cache_enabled = std::nullopt)
-      : state_(device_type, enabled, scalar_type, cache_enabled), enabled_(enabled) {}
+  explicit Autocast(bool enabled = true, std::optional<bool> cache_enabled = std::nullopt,
+                    LinearRouting linear_routing = LinearRouting::kOn)
+      : state_(device_type, enabled, scalar_type, cache_enabled),
+        enabled_(enabled),
+        routing_(enabled ? linear_routing : LinearRouting::kOff, device_type) {}
+  explicit Autocast(LinearRouting linear_routing) : Autocast(true, std::nullopt, linear_routing) {}
 
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;
@@ -140,6 +149,8 @@ class Autocast {
  private:
   detail::AutocastState state_;
   bool enabled_;
+  // After state_: routing starts once autocast is on and stops before it is off.
+  detail::LinearRoutingGuard routing_;
 };
 
 // The function form: fn() under Autocast<Dtype, Device>, returning what fn
