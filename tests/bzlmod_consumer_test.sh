@@ -13,7 +13,7 @@ src=$(dirname "$(readlink -f MODULE.bazel)")
 cp -L tests/bzlmod_consumer/main.cc "$app"/ && cp -L tests/bzlmod_consumer/BUILD.consumer "$app/BUILD.bazel"
 cat >"$app/MODULE.bazel" <<MOD
 module(name = "amp_consumer")
-bazel_dep(name = "amp", version = "0.1.0")
+bazel_dep(name = "amp", version = "0.2.0")
 local_path_override(module_name = "amp", path = "$amp")
 MOD
 off="$amp/bazel/offline7"

@@ -236,9 +236,15 @@ TEST(Float8DelayedScaling, TracksTheLinearsThatFitByTheirPath) {
   // the same model again: an error that adds nothing
   EXPECT_NE(error_of([&] { fp8.track(*net); }).find("amp: the weight 0 is already tracked"), std::string::npos);
   EXPECT_EQ(fp8.tracked().size(), 1u);
-  EXPECT_NE(error_of([] { f8::DelayedOptions().history_length(0); }).find("amp: DelayedOptions::history_length"),
+  // Options are checked where they are used (LibTorch's TORCH_ARG style).
+  EXPECT_NE(error_of([] {
+              f8::DelayedScaling bad(f8::DelayedOptions().history_length(0));
+            }).find("amp: DelayedOptions::history_length must be at least 1, got 0"),
             std::string::npos);
-  EXPECT_NE(error_of([] { f8::DelayedOptions().margin(-1); }).find("amp: DelayedOptions::margin"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              f8::DelayedScaling bad(f8::DelayedOptions().margin(-1));
+            }).find("amp: DelayedOptions::margin is a power of 2 in [0, 64), got -1"),
+            std::string::npos);
 }
 
 // One step by hand: the amaxes land in slot 0, the casts use the scales of

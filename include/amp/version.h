@@ -11,7 +11,7 @@
 #include <torch/version.h>
 
 #define AMP_VERSION_MAJOR 0
-#define AMP_VERSION_MINOR 1
+#define AMP_VERSION_MINOR 2
 #define AMP_VERSION_PATCH 0
 
 namespace amp {
@@ -19,7 +19,7 @@ namespace amp {
 inline constexpr int kVersionMajor = AMP_VERSION_MAJOR;
 inline constexpr int kVersionMinor = AMP_VERSION_MINOR;
 inline constexpr int kVersionPatch = AMP_VERSION_PATCH;
-inline constexpr const char* kVersionString = "0.1.0";
+inline constexpr const char* kVersionString = "0.2.0";
 
 inline constexpr int kLibTorchMajor = TORCH_VERSION_MAJOR;
 inline constexpr int kLibTorchMinor = TORCH_VERSION_MINOR;

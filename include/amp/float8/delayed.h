@@ -26,6 +26,7 @@
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/arg.h>
 #include <torch/ordered_dict.h>
 
 #include <cstdint>
@@ -42,31 +43,18 @@
 namespace amp {
 namespace float8 {
 
+// Delayed scaling's options, LibTorch style (TORCH_ARG); DelayedScaling checks
+// them. Transformer Engine's defaults: 1024 steps of history, margin 0.
 struct DelayedOptions {
-  // TE's defaults: 1024 steps of history, margin 0.
-  DelayedOptions& history_length(int64_t n) {
-    TORCH_CHECK(n >= 1, "amp: DelayedOptions::history_length must be at least 1, got ", n);
-    history_length_ = n;
-    return *this;
-  }
-  DelayedOptions& margin(int64_t m) {
-    TORCH_CHECK(m >= 0 && m < 64, "amp: DelayedOptions::margin is a power of 2 in [0, 64), got ", m);
-    margin_ = m;
-    return *this;
-  }
-  int64_t history_length() const { return history_length_; }
-  int64_t margin() const { return margin_; }
-
- private:
-  int64_t history_length_ = 1024;
-  int64_t margin_ = 0;
+  TORCH_ARG(int64_t, history_length) = 1024;
+  TORCH_ARG(int64_t, margin) = 0;
 };
 
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
 
 class DelayedScaling {
  public:
-  explicit DelayedScaling(DelayedOptions options = DelayedOptions()) : options_(options) {}
+  explicit DelayedScaling(DelayedOptions options = DelayedOptions()) : options_(checked(options)) {}
   DelayedScaling(const DelayedScaling&) = delete;
   DelayedScaling& operator=(const DelayedScaling&) = delete;
 
@@ -169,6 +157,14 @@ class DelayedScaling {
   const DelayedOptions& options() const { return options_; }
 
  private:
+  static DelayedOptions checked(const DelayedOptions& o) {
+    TORCH_CHECK(o.history_length() >= 1, "amp: DelayedOptions::history_length must be at least 1, got ",
+                o.history_length());
+    TORCH_CHECK(o.margin() >= 0 && o.margin() < 64, "amp: DelayedOptions::margin is a power of 2 in [0, 64), got ",
+                o.margin());
+    return o;
+  }
+
   void check_new(const std::string& name, const at::Tensor& weight) const {
     TORCH_CHECK(fits(weight), "amp: float8 delayed scaling tracks weights whose dimensions are multiples of 16; ", name,
                 " is ", weight.sizes());
