@@ -141,7 +141,7 @@ TEST(CaptureBlocker, TheFusedPathWithOneMicroBatchCanBeCaptured) {
 TEST(CaptureBlocker, SaysWhatToChange) {
   auto net = std::make_shared<Net>();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
-  amp::Stepper<amp::DynamicScaler> unfused(adam, amp::StepperOptions().fused(false));
+  amp::Stepper<amp::DynamicScaler> unfused(adam, amp::StepOptions().fused(false));
   EXPECT_THAT(amp::detail::capture_blocker(unfused),
               AllOf(HasSubstr("fused, sync-free optimizer step"), HasSubstr("unfused"),
                     HasSubstr("TrainerOptions().fused(true)")));
@@ -149,7 +149,7 @@ TEST(CaptureBlocker, SaysWhatToChange) {
   amp::Stepper<amp::NoScaler> other(rmsprop);
   EXPECT_THAT(amp::detail::capture_blocker(other), HasSubstr("use torch::optim::Adam, AdamW or SGD"));
   if (!kFusedCpu) return;  // the next two reasons come after the fused one
-  amp::Stepper<amp::DynamicScaler> accumulating(adam, amp::StepperOptions().accumulation_steps(4));
+  amp::Stepper<amp::DynamicScaler> accumulating(adam, amp::StepOptions().accumulation_steps(4));
   EXPECT_THAT(amp::detail::capture_blocker(accumulating),
               AllOf(HasSubstr("accumulation_steps is 4"), HasSubstr("set accumulation_steps(1)")));
   amp::Stepper<amp::DynamicScaler> synced(adam);
@@ -163,7 +163,7 @@ TEST(CaptureBlocker, SaysWhatToChange) {
 TEST(CaptureBlocker, MakeStaticRefusesTheUnfusedPath) {
   auto net = std::make_shared<Net>();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
-  amp::Stepper<amp::NoScaler> unfused(adam, amp::StepperOptions().fused(false));
+  amp::Stepper<amp::NoScaler> unfused(adam, amp::StepOptions().fused(false));
   EXPECT_THAT(error_of([&] { unfused.make_static(); }), HasSubstr("amp: make_static() needs the fused step"));
 }
 
@@ -206,9 +206,9 @@ TEST(StepOnZeroed, EqualsStep) {
   }
   torch::optim::Adam oa(a->parameters(), torch::optim::AdamOptions(1e-2));
   torch::optim::Adam ob(b->parameters(), torch::optim::AdamOptions(1e-2));
-  amp::Stepper<amp::DynamicScaler> sa(oa, amp::StepperOptions().max_grad_norm(0.5),
+  amp::Stepper<amp::DynamicScaler> sa(oa, amp::StepOptions().max_grad_norm(0.5),
                                       amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.)));
-  amp::Stepper<amp::DynamicScaler> sb(ob, amp::StepperOptions().max_grad_norm(0.5),
+  amp::Stepper<amp::DynamicScaler> sb(ob, amp::StepOptions().max_grad_norm(0.5),
                                       amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.)));
   for (int i = 0; i < 6; ++i) {
     const auto x = torch::randn({32, 8}), y = torch::randn({32, 4});

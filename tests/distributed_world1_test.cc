@@ -163,7 +163,7 @@ std::vector<torch::Tensor> train_gan(const amp::ProcessGroup* pg, int64_t iterat
   torch::optim::SGD opt_d(disc->parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9));
   amp::Precision<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> prec;
   prec.setup(gen, opt_g);
-  prec.setup(disc, opt_d, amp::SetupOptions().max_grad_norm(1.0));
+  prec.setup(disc, opt_d, amp::StepOptions().max_grad_norm(1.0));
   std::optional<amp::DataParallel> dp;
   if (pg != nullptr) {
     dp.emplace(*pg, prec.parameters(), prec.buffers(), amp::DataParallelOptions(), prec.parameter_names());

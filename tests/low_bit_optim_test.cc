@@ -398,7 +398,7 @@ TEST(LowBitAdam, TrainerSkipsInfStepsWithoutAHostSync) {
   auto net = make_net();
   amp::AdamW8bit opt(net->parameters(), torch::optim::AdamWOptions(1e-3));
   // fp32 compute with a loss scaler: how the scaling path runs on every CPU LibTorch.
-  amp::Stepper<amp::DynamicScaler> stepper(opt, amp::StepperOptions(), amp::DynamicScaler());
+  amp::Stepper<amp::DynamicScaler> stepper(opt, amp::StepOptions(), amp::DynamicScaler());
   ASSERT_TRUE(stepper.fused()) << stepper.optimizer_path();
   EXPECT_EQ(stepper.optimizer_path(), "fused (the optimizer's own step_scaled(), no host sync)");
   torch::manual_seed(5);
@@ -474,7 +474,7 @@ TEST(LowBitAdam, PrecisionOfTwoModelsStepsAndResumesBitwise) {
     P prec;
     Run() {
       prec.setup(a, opt_a);
-      prec.setup(b, opt_b, amp::SetupOptions().max_grad_norm(1.0));
+      prec.setup(b, opt_b, amp::StepOptions().max_grad_norm(1.0));
     }
     void iteration(int i) {
       torch::manual_seed(300 + i);

@@ -345,8 +345,32 @@ TEST(Precision, SetupErrorsChangeNothing) {
                         "model->to(torch::kFloat32) before prec.setup(model)"));
   EXPECT_EQ(prec.num_models(), 2u);
   EXPECT_EQ(prec.num_optimizers(), 2u);
-  EXPECT_THAT(error_of([&] { prec.setup(g.gen, *g.opt_d, amp::SetupOptions().max_grad_norm(-1)); }),
-              HasSubstr("amp: SetupOptions::max_grad_norm must be >= 0"));
+  EXPECT_THAT(error_of([&] { prec.setup(g.gen, *g.opt_d, amp::StepOptions().max_grad_norm(-1)); }),
+              HasSubstr("amp: max_grad_norm must be >= 0"));
+  EXPECT_THAT(error_of([&] { prec.setup(g.gen, *g.opt_d, amp::StepOptions().accumulation_steps(2)); }),
+              HasSubstr("amp: Precision steps an optimizer at each prec.step(opt), so StepOptions::accumulation_steps "
+                        "must be 1 in setup(), got 2"));
+  EXPECT_EQ(prec.num_optimizers(), 2u);
+}
+
+// PrecisionOptions::region is honoured by forward() and evaluate().
+TEST(Precision, RegionOptionsReachForwardAndEvaluate) {
+  for (const amp::LinearRouting mode : {amp::LinearRouting::kOn, amp::LinearRouting::kOff}) {
+    Gan g = Gan::make<Bf16>();
+    amp::Precision<Bf16, amp::CPU> prec(amp::PrecisionOptions().region(amp::RegionOptions().linear_routing(mode)));
+    prec.setup(g.gen, *g.opt_g);
+    amp::LinearRouting in_forward = amp::LinearRouting::kOff, in_eval = amp::LinearRouting::kOff;
+    (void)prec.forward([&](auto&) {
+      in_forward = amp::current_linear_routing();
+      return g.gen->forward(g.noise).sum();
+    });
+    prec.evaluate([&](auto&) {
+      in_eval = amp::current_linear_routing();
+      return 0;
+    });
+    EXPECT_EQ(in_forward, mode);
+    EXPECT_EQ(in_eval, mode);
+  }
 }
 
 TEST(Precision, StepAndUpdateOutOfOrderAreErrorsThatChangeNothing) {
@@ -458,7 +482,7 @@ void expect_no_host_reads() {
   if constexpr (amp::detail::compat::kCpuHasFusedOptimizers && amp::is_supported_v<P, amp::CPU>) {
     Gan g = Gan::make<P>();
     amp::Precision<P, amp::CPU> prec;
-    prec.setup(g.gen, *g.opt_g, amp::SetupOptions().max_grad_norm(1.0));  // clipping, too
+    prec.setup(g.gen, *g.opt_g, amp::StepOptions().max_grad_norm(1.0));  // clipping, too
     prec.setup(g.disc, *g.opt_d);
     ASSERT_TRUE(prec.fused(*g.opt_g)) << prec.optimizer_path(*g.opt_g);
     ASSERT_TRUE(prec.fused(*g.opt_d)) << prec.optimizer_path(*g.opt_d);

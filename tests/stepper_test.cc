@@ -114,7 +114,7 @@ TEST(StepperDynamic, ClipsTheUnscaledGradients) {
   Fixture a(4), b(4);
   const double max_norm = 0.05;
   torch::optim::SGD opt_a(a.net->parameters(), torch::optim::SGDOptions(1.0));
-  amp::Stepper<amp::DynamicScaler> stepper(opt_a, amp::StepperOptions().max_grad_norm(max_norm));
+  amp::Stepper<amp::DynamicScaler> stepper(opt_a, amp::StepOptions().max_grad_norm(max_norm));
   const auto before = snapshot(a.net->parameters());
   stepper.step(a.loss());
   // Reference: fp32 gradients clipped by hand to the true norm.
@@ -138,7 +138,7 @@ TEST(StepperDynamic, AccumulationEqualsOneBigBatch) {
   Fixture a(5), b(5);
   torch::optim::SGD opt_a(a.net->parameters(), torch::optim::SGDOptions(0.1));
   torch::optim::SGD opt_b(b.net->parameters(), torch::optim::SGDOptions(0.1));
-  amp::Stepper<amp::DynamicScaler> micro(opt_a, amp::StepperOptions().accumulation_steps(4));
+  amp::Stepper<amp::DynamicScaler> micro(opt_a, amp::StepOptions().accumulation_steps(4));
   amp::Stepper<amp::DynamicScaler> big(opt_b);
   for (int s = 0; s < 3; ++s) {
     for (int m = 0; m < 4; ++m) {

@@ -195,6 +195,28 @@ TEST(Trainer, MixedRegionRunsLinearInBf16AndKeepsWeightsFp32) {
   EXPECT_EQ(net->fc1(data.x).scalar_type(), torch::kFloat);
 }
 
+// TrainerOptions::region is honoured by every region the Trainer makes.
+TEST(Trainer, RegionOptionsReachStepAndEvaluate) {
+  using T = amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
+  Data data;
+  auto net = std::make_shared<Net>();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  for (const amp::LinearRouting mode : {amp::LinearRouting::kOn, amp::LinearRouting::kOff}) {
+    T trainer(net, opt, amp::TrainerOptions().progress(false).region(amp::RegionOptions().linear_routing(mode)));
+    amp::LinearRouting in_step = amp::LinearRouting::kOff, in_eval = amp::LinearRouting::kOff;
+    trainer.step([&](auto&) {
+      in_step = amp::current_linear_routing();
+      return torch::cross_entropy_loss(net->forward(data.x), data.y);
+    });
+    trainer.evaluate([&](auto&) {
+      in_eval = amp::current_linear_routing();
+      return 0;
+    });
+    EXPECT_EQ(in_step, mode);
+    EXPECT_EQ(in_eval, mode);
+  }
+}
+
 TEST(Trainer, AccumulationMatchesOneLargeBatch) {
   Data data(64);
   auto run = [&](int64_t micro) {
@@ -735,9 +757,8 @@ TEST(TrainerErrors, LbfgsWithAccumulationFailsBeforeTheModelChanges) {
                                                "optimizer (LBFGS); set accumulation_steps(1)"));
   }
   EXPECT_EQ(lin->weight.scalar_type(), torch::kFloat);  // True<fp64> did not convert it
-  EXPECT_THAT(
-      amp_test::error_of([&] { amp::Stepper<amp::NoScaler>(opt, amp::StepperOptions().accumulation_steps(3)); }),
-      ::testing::StartsWith("amp: gradient accumulation does not apply to a closure-based optimizer (LBFGS)"));
+  EXPECT_THAT(amp_test::error_of([&] { amp::Stepper<amp::NoScaler>(opt, amp::StepOptions().accumulation_steps(3)); }),
+              ::testing::StartsWith("amp: gradient accumulation does not apply to a closure-based optimizer (LBFGS)"));
 }
 
 TEST(TrainerErrors, BadOptionsAndBadLosses) {

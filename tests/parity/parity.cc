@@ -255,8 +255,8 @@ void precision_run(Log& log, torch::Device device, const std::string& name, cons
   OptG opt_g(gen->parameters(), og);
   OptD opt_d(disc->parameters(), od);
   amp::Precision<Policy, Dev> prec(amp::PrecisionOptions(), std::forward<Scaler>(scaler)...);
-  prec.setup(gen, opt_g, amp::SetupOptions().max_grad_norm(1.0).fused(fused));
-  prec.setup(disc, opt_d, amp::SetupOptions().fused(fused));
+  prec.setup(gen, opt_g, amp::StepOptions().max_grad_norm(1.0).fused(fused));
+  prec.setup(disc, opt_d, amp::StepOptions().fused(fused));
   if (prec.fused(opt_g) != fused || prec.fused(opt_d) != fused)
     throw std::runtime_error("amp: parity: " + name + " takes " + prec.optimizer_path(opt_g) + " and " +
                              prec.optimizer_path(opt_d) + ", not the path its Python twin runs");

@@ -35,6 +35,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
@@ -162,6 +163,19 @@ decltype(auto) full_precision_arg(T&& x, c10::DeviceType device) {
 
 }  // namespace detail
 
+// What a region does besides autocasting: the options every entry point that
+// makes regions takes (Region itself, TrainerOptions::region,
+// PrecisionOptions::region), so each is honoured wherever a region is made.
+struct RegionOptions {
+  // What a raw x.to(torch::kHalf / kBFloat16) in a Mixed region does
+  // (amp/precision/strict_casts.h): kThrow, kWarn or kOff.
+  TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
+  // Whether LibTorch's C++ linear layers cast each weight once per region, as
+  // Python's nn.Linear does (amp/precision/linear_routing.h). Mixed policies
+  // only; a Float8 region runs its linears through it, so it must stay on.
+  TORCH_ARG(LinearRouting, linear_routing) = LinearRouting::kOn;
+};
+
 namespace detail {
 // What a Float8 region installs for its recipe, specialized in
 // amp/float8/policy.h (the float8 layer sits above this one).
@@ -200,6 +214,7 @@ class Region {
         routing_mode_(checked_routing(linear_routing)),
         routing_(linear_routing, device_type) {}
   explicit Region(LinearRouting linear_routing) : Region(kDefaultStrictCasts, linear_routing) {}
+  explicit Region(const RegionOptions& options) : Region(options.strict_casts(), options.linear_routing()) {}
   // User-provided on purpose: `amp::Region<amp::True<amp::fp64>, amp::CPU> region;`
   // around user code must not trip -Wunused-variable (an inert region would
   // otherwise be trivially destructible, which is what that warning looks for).

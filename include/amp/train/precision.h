@@ -9,7 +9,7 @@
 //
 // torch's AMP recipe for several optimizers (one GradScaler): each
 // optimizer's gradients are unscaled once per iteration (clipped after, when
-// its SetupOptions say so); inf/NaN in one optimizer's gradients skips that
+// its StepOptions say so); inf/NaN in one optimizer's gradients skips that
 // optimizer only; update() backs the scale off once if any of them had
 // inf/NaN. Each optimizer takes the fused, sync-free step where eligible
 // (optim/optimizer_step.h, the part Stepper runs for one optimizer). setup()
@@ -53,23 +53,18 @@
 namespace amp {
 
 struct PrecisionOptions {
-  // What a raw x.to(torch::kHalf / kBFloat16) in a Mixed region does (amp/precision/strict_casts.h).
-  TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
-  // Whether LibTorch's C++ linear layers cast each weight once per region
-  // (amp/precision/linear_routing.h; TrainerOptions::linear_routing). Mixed policies only.
-  TORCH_ARG(LinearRouting, linear_routing) = LinearRouting::kOn;
+  // Each region forward() and evaluate() make: strict casts and linear
+  // routing, as TrainerOptions::region (also spelled below).
+  TORCH_ARG(RegionOptions, region) = {};
   // Checkpoints carry the random generators' states and load() restores them
   // (TrainerOptions::rng_state). false: neither.
   TORCH_ARG(bool, rng_state) = true;
-};
 
-// Per optimizer, at setup(model, optimizer, options).
-struct SetupOptions {
-  // Clip this optimizer's gradients to this total norm after unscaling them (0 = off).
-  TORCH_ARG(double, max_grad_norm) = 0.0;
-  TORCH_ARG(double, norm_type) = 2.0;
-  // ATen's fused kernel where it serves the optimizer (no host sync); false: its own step().
-  TORCH_ARG(bool, fused) = true;
+ public:  // (TORCH_ARG leaves the section private)
+  PrecisionOptions& strict_casts(StrictCasts value) { return region_.strict_casts(value), *this; }
+  StrictCasts strict_casts() const { return region_.strict_casts(); }
+  PrecisionOptions& linear_routing(LinearRouting value) { return region_.linear_routing(value), *this; }
+  LinearRouting linear_routing() const { return region_.linear_routing(); }
 };
 
 template <class Policy, class Device>
@@ -103,7 +98,7 @@ class Precision {
   // A model and an optimizer over parameters of models set up (this one
   // included). The optimizer must outlive the Precision.
   template <class Model>
-  void setup(Model&& model, torch::optim::Optimizer& optimizer, SetupOptions options = {}) {
+  void setup(Model&& model, torch::optim::Optimizer& optimizer, StepOptions options = {}) {
     std::shared_ptr<torch::nn::Module> module = detail::as_module(std::forward<Model>(model));
     // Every check before anything changes.
     for (size_t k = 0; k < parts_.size(); ++k)
@@ -112,12 +107,11 @@ class Precision {
     TORCH_CHECK(!detail::closure_based(optimizer),
                 "amp: Precision steps each optimizer with step(), but a "
                 "closure-based optimizer (LBFGS) re-evaluates the loss inside its step; train it with amp::Trainer");
-    TORCH_CHECK(options.max_grad_norm() >= 0.0,
-                "amp: SetupOptions::max_grad_norm must be >= 0 (0 turns clipping "
-                "off), got ",
-                options.max_grad_norm());
-    TORCH_CHECK(options.norm_type() > 0.0, "amp: SetupOptions::norm_type must be > 0 (2 for the L2 norm), got ",
-                options.norm_type());
+    detail::validate(options);
+    TORCH_CHECK(options.accumulation_steps() == 1,
+                "amp: Precision steps an optimizer at each prec.step(opt), so StepOptions::accumulation_steps must be "
+                "1 in setup(), got ",
+                options.accumulation_steps(), "; accumulate by running several backward() calls before prec.step(opt)");
     detail::check_optimizer<Policy>(optimizer);
     check_owned(optimizer, *module);
     add_model(module);  // before the optimizer's path is chosen: True<D> converts the parameters
@@ -132,7 +126,7 @@ class Precision {
   decltype(auto) forward(F&& fn) {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the forward function must take the region: [&](auto& region) { return loss; }");
-    region_type region(options_.strict_casts(), options_.linear_routing());
+    region_type region(options_.region());
     [[maybe_unused]] auto float8 = float8_.bind();
     return detail::explain_fp16_errors<Policy>([&]() -> decltype(auto) { return fn(region); });
   }
@@ -191,7 +185,7 @@ class Precision {
     std::vector<torch::nn::Module*> modules;
     for (const auto& m : models_) modules.push_back(m.get());
     [[maybe_unused]] auto float8 = float8_.bind();
-    return detail::evaluate<region_type>(modules, options_.strict_casts(), options_.linear_routing(), fn);
+    return detail::evaluate<region_type>(modules, options_.region(), fn);
   }
 
   // Every model and optimizer (in setup order), the scaler and the counters,

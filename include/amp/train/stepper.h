@@ -1,6 +1,6 @@
 // amp/train/stepper.h: one optimizer step of a mixed-precision loop, as a component.
 //
-//   amp::Stepper<amp::DynamicScaler> stepper(optimizer, amp::StepperOptions().max_grad_norm(1.0));
+//   amp::Stepper<amp::DynamicScaler> stepper(optimizer, amp::StepOptions().max_grad_norm(1.0));
 //   auto r = stepper.step(loss);     // scaled backward; at the boundary: unscale, clip, step/skip, update
 //   if (r.boundary && r.skipped()) { /* inf/NaN gradients: optimizer step skipped, scale backed off */ }
 //
@@ -28,8 +28,10 @@
 
 namespace amp {
 
-// The Stepper's options (TrainerOptions spells them too).
-struct StepperOptions {
+// How each optimizer step is taken: clipping, accumulation, the fused path.
+// The Stepper's options, TrainerOptions::step (its setters spell them too)
+// and, per optimizer, Precision::setup's.
+struct StepOptions {
   // Clip the gradients' total norm to this value after unscaling (0 = off),
   // as torch's recipe: scaler.unscale_(opt); clip_grad_norm_(...); scaler.step(opt).
   TORCH_ARG(double, max_grad_norm) = 0.0;
@@ -106,7 +108,7 @@ inline void check_accumulation(const torch::optim::Optimizer& opt, int64_t accum
               "accumulation_steps(1)");
 }
 
-inline void validate(const StepperOptions& o) {
+inline void validate(const StepOptions& o) {
   TORCH_CHECK(o.max_grad_norm() >= 0.0, "amp: max_grad_norm must be >= 0 (0 turns clipping off), got ",
               o.max_grad_norm());
   TORCH_CHECK(o.norm_type() > 0.0, "amp: norm_type must be > 0 (2 for the L2 norm), got ", o.norm_type());
@@ -134,7 +136,7 @@ class Stepper {
  public:
   using scaler_type = Scaler;
 
-  explicit Stepper(torch::optim::Optimizer& optimizer, StepperOptions options = {}, Scaler scaler = Scaler())
+  explicit Stepper(torch::optim::Optimizer& optimizer, StepOptions options = {}, Scaler scaler = Scaler())
       : options_((detail::validate(options), std::move(options))),
         scaler_(std::move(scaler)),
         part_(optimizer, options_.fused(), options_.max_grad_norm(), options_.norm_type()) {
@@ -244,7 +246,7 @@ class Stepper {
   const Scaler& scaler() const { return scaler_; }
   torch::optim::Optimizer& optimizer() { return part_.optimizer(); }
   const torch::optim::Optimizer& optimizer() const { return part_.optimizer(); }
-  const StepperOptions& options() const { return options_; }
+  const StepOptions& options() const { return options_; }
   // Optimizer steps taken (skipped ones included), and micro-batches into the current one.
   int64_t steps() const { return steps_; }
   int64_t micro_step() const { return micro_; }
@@ -254,7 +256,7 @@ class Stepper {
   std::vector<at::Tensor> parameters() const { return part_.parameters(); }
 
  private:
-  StepperOptions options_;
+  StepOptions options_;
   Scaler scaler_;
   // The optimizer's part of the recipe (unscale, clip, fused or unfused step).
   detail::OptimizerStep<Scaler> part_;

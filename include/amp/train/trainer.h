@@ -50,34 +50,35 @@
 namespace amp {
 
 struct TrainerOptions {
-  // Clipping and accumulation: the Stepper's (also spelled below).
-  TORCH_ARG(StepperOptions, stepper) = {};
+  // Each optimizer step: clipping, accumulation, the fused path (also spelled below).
+  TORCH_ARG(StepOptions, step) = {};
+  // Each region the Trainer makes (step, evaluate, capture): strict casts and
+  // linear routing (also spelled below).
+  TORCH_ARG(RegionOptions, region) = {};
   // A progress bar (a TTY) or periodic lines (otherwise) during fit(), and
   // in a loop that calls step() itself: every progress_every optimizer steps
   // (one host read per line; fit() uses FitOptions::log_every).
   TORCH_ARG(bool, progress) = true;
   TORCH_ARG(int64_t, progress_every) = 50;
-  // What a raw x.to(torch::kHalf / kBFloat16) in the forward of a Mixed policy
-  // does (amp/precision/strict_casts.h): kThrow, kWarn or kOff. Used by Trainer's region.
-  TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
-  // Whether LibTorch's C++ linear layers cast each weight once per step's
-  // region, as Python's nn.Linear does (amp/precision/linear_routing.h). Mixed policies only.
-  TORCH_ARG(LinearRouting, linear_routing) = LinearRouting::kOn;
   // Checkpoints carry the random generators' states (the default CPU
   // generator and each CUDA device's) and load() restores them, so a resumed
   // run draws the same dropout masks and random batches. false: neither.
   TORCH_ARG(bool, rng_state) = true;
 
-  // The Stepper's options, spelled on TrainerOptions: .max_grad_norm(1.0).
+  // The step's and the region's options, spelled on TrainerOptions: .max_grad_norm(1.0).
  public:  // (TORCH_ARG leaves the section private)
-  TrainerOptions& max_grad_norm(double value) { return stepper_.max_grad_norm(value), *this; }
-  double max_grad_norm() const { return stepper_.max_grad_norm(); }
-  TrainerOptions& norm_type(double value) { return stepper_.norm_type(value), *this; }
-  double norm_type() const { return stepper_.norm_type(); }
-  TrainerOptions& accumulation_steps(int64_t value) { return stepper_.accumulation_steps(value), *this; }
-  int64_t accumulation_steps() const { return stepper_.accumulation_steps(); }
-  TrainerOptions& fused(bool value) { return stepper_.fused(value), *this; }
-  bool fused() const { return stepper_.fused(); }
+  TrainerOptions& max_grad_norm(double value) { return step_.max_grad_norm(value), *this; }
+  double max_grad_norm() const { return step_.max_grad_norm(); }
+  TrainerOptions& norm_type(double value) { return step_.norm_type(value), *this; }
+  double norm_type() const { return step_.norm_type(); }
+  TrainerOptions& accumulation_steps(int64_t value) { return step_.accumulation_steps(value), *this; }
+  int64_t accumulation_steps() const { return step_.accumulation_steps(); }
+  TrainerOptions& fused(bool value) { return step_.fused(value), *this; }
+  bool fused() const { return step_.fused(); }
+  TrainerOptions& strict_casts(StrictCasts value) { return region_.strict_casts(value), *this; }
+  StrictCasts strict_casts() const { return region_.strict_casts(); }
+  TrainerOptions& linear_routing(LinearRouting value) { return region_.linear_routing(value), *this; }
+  LinearRouting linear_routing() const { return region_.linear_routing(); }
 };
 
 namespace detail {
@@ -126,7 +127,7 @@ class Trainer {
           scaler_type scaler = scaler_type())
       : module_(detail::as_module(std::forward<Model>(model))),
         options_(std::move(options)),
-        stepper_(setup(optimizer), options_.stepper(), std::move(scaler)),
+        stepper_(setup(optimizer), options_.step(), std::move(scaler)),
         closure_optimizer_(detail::closure_based(optimizer)) {
     float8_.track(*module_);
     detail::warn_if_slow_fp16<Policy, Device>("Trainer");
@@ -153,7 +154,7 @@ class Trainer {
   template <class F>
   decltype(auto) evaluate(F&& fn) {
     [[maybe_unused]] auto float8 = float8_.bind();
-    return detail::evaluate<region_type>({module_.get()}, options_.strict_casts(), options_.linear_routing(), fn);
+    return detail::evaluate<region_type>({module_.get()}, options_.region(), fn);
   }
 
   // Epochs over `loader` (a LibTorch DataLoader or any range of batches):
@@ -278,7 +279,7 @@ class Trainer {
   uint64_t state_generation() const { return generation_; }
 
   // The region step() runs the forward in (the options' strict casts and linear routing).
-  region_type make_region() const { return region_type(options_.strict_casts(), options_.linear_routing()); }
+  region_type make_region() const { return region_type(options_.region()); }
   // step()'s two halves, for a caller that runs the Stepper itself (a
   // captured step): the loss of fn(region) under the policy's region (and a
   // Float8 recipe's scales), and what follows the Stepper's step (a Float8
@@ -409,7 +410,7 @@ class Trainer {
   // for the parameters' final dtype. Returns `opt`.
   torch::optim::Optimizer& setup(torch::optim::Optimizer& opt) {
     detail::check_optimizer<Policy>(opt);
-    detail::check_accumulation(opt, options_.stepper().accumulation_steps());  // before the model changes
+    detail::check_accumulation(opt, options_.step().accumulation_steps());  // before the model changes
     detail::check_device<Policy, Device>("Trainer");
     detail::setup_model<Policy, Device>(*module_, "Trainer", "before constructing the Trainer");
     if constexpr (is_float8_v<Policy>)

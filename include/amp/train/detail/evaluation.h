@@ -1,8 +1,8 @@
 // amp/train/detail/evaluation.h: evaluation under a policy, for Trainer::evaluate
 // and Precision::evaluate.
 //
-//   auto acc = amp::detail::evaluate<amp::Region<P, amp::CPU>>({model.get()}, amp::StrictCasts::kThrow,
-//                                                              amp::LinearRouting::kOn, [&](auto&) { return f(); });
+//   auto acc = amp::detail::evaluate<amp::Region<P, amp::CPU>>({model.get()}, amp::RegionOptions(),
+//                                                              [&](auto&) { return f(); });
 //
 // Python's `model.eval(); with torch.no_grad(), torch.autocast(...): ...;
 // model.train()`, except that each submodule gets back the mode it had (a
@@ -17,8 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "amp/precision/linear_routing.h"
-#include "amp/precision/strict_casts.h"
+#include "amp/precision/region.h"
 
 namespace amp {
 namespace detail {
@@ -50,13 +49,12 @@ class EvalMode {
 // fn(region) with the modules in eval mode, no autograd, under Region
 // (autocast for a Mixed policy); returns what fn returns.
 template <class Region, class F>
-decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, StrictCasts strict_casts,
-                        LinearRouting linear_routing, F& fn) {
+decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, const RegionOptions& options, F& fn) {
   static_assert(std::is_invocable_v<F&, Region&>,
                 "amp: the evaluation function must take the region: [&](auto& region) { return metric; }");
   EvalMode eval(modules);
   at::NoGradGuard no_grad;
-  Region region(strict_casts, linear_routing);
+  Region region(options);
   return fn(region);
 }
 
