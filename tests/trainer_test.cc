@@ -774,7 +774,7 @@ TEST(TrainerErrors, BadOptionsAndBadLosses) {
   EXPECT_THAT(amp_test::error_of([&] { t.step([&](auto&) { return lin(x); }); }),
               ::testing::StartsWith("amp: the loss must have one element, got shape [3, 2]"));
   EXPECT_EQ(amp_test::error_of([&] { t.step([&](auto&) { return torch::Tensor(); }); }),
-            "amp: the forward returned an undefined tensor; return the loss tensor");
+            "amp: the loss is an undefined tensor; return the loss tensor");
   EXPECT_THAT(amp_test::error_of([&] { t.step([&](auto&) { return lin(x).sum().detach(); }); }),
               ::testing::StartsWith("amp: the loss does not require grad, so backward() cannot reach the parameters"));
 }

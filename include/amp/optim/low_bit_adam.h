@@ -38,6 +38,7 @@
 
 #include "amp/detail/compat.h"
 #include "amp/detail/compat_float8.h"
+#include "amp/detail/per_device.h"
 #include "amp/optim/quantized_state.h"
 #include "amp/optim/supports_amp_scaling.h"
 
@@ -105,25 +106,20 @@ class DeviceFlags {
       : grad_scale_(std::move(grad_scale)), found_inf_(std::move(found_inf)) {}
   // torch's unscale_: inv_scale = scale.double().reciprocal().float().
   at::Tensor inv_scale(const c10::Device& d) {
-    return grad_scale_.defined()
-               ? cached(inv_, d, [&] { return grad_scale_.reshape({}).to(at::kDouble).reciprocal().to(at::kFloat); })
-               : at::Tensor();
+    if (!grad_scale_.defined()) return at::Tensor();
+    return inv_.get(d, [&] {
+      return grad_scale_.reshape({}).to(at::kDouble).reciprocal().to(at::kFloat).to(d, /*non_blocking=*/true);
+    });
   }
   // 0-dim bool, true: keep everything as it was (found_inf nonzero).
   at::Tensor keep(const c10::Device& d) {
-    return found_inf_.defined() ? cached(keep_, d, [&] { return found_inf_.reshape({}) != 0; }) : at::Tensor();
+    if (!found_inf_.defined()) return at::Tensor();
+    return keep_.get(d, [&] { return (found_inf_.reshape({}) != 0).to(d, /*non_blocking=*/true); });
   }
 
  private:
-  template <class Make>
-  static at::Tensor cached(std::vector<std::pair<c10::Device, at::Tensor>>& cache, const c10::Device& d, Make make) {
-    for (const auto& e : cache)
-      if (e.first == d) return e.second;
-    cache.emplace_back(d, make().to(d, /*non_blocking=*/true));
-    return cache.back().second;
-  }
   at::Tensor grad_scale_, found_inf_;
-  std::vector<std::pair<c10::Device, at::Tensor>> inv_, keep_;
+  PerDevice inv_, keep_;
 };
 
 }  // namespace lowbit

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "amp/detail/per_device.h"
 #include "amp/scaler/state_dict.h"
 #include "amp/scaler/detail/unscale.h"
 #include "amp/core/scaler_concept.h"
@@ -72,11 +73,11 @@ class LossScalerBase {
     if (!scale_.defined()) {
       lazy_init_scale(outputs.front().device());
     }
-    std::vector<std::pair<c10::Device, at::Tensor>> per_device;
+    detail::PerDevice scales;  // torch's _MultiDeviceReplicator
     std::vector<at::Tensor> scaled;
     scaled.reserve(outputs.size());
     for (const at::Tensor& output : outputs) {
-      scaled.push_back(output * replica(per_device, scale_, output.device()));
+      scaled.push_back(output * scales.copy(scale_, output.device()));
     }
     return scaled;
   }
@@ -260,18 +261,6 @@ class LossScalerBase {
     scale_ = at::full({}, init_scale_, at::TensorOptions().dtype(at::kFloat).device(device));
   }
 
-  // torch's _MultiDeviceReplicator: one copy of `master` per device, made once.
-  static const at::Tensor& replica(std::vector<std::pair<c10::Device, at::Tensor>>& cache, const at::Tensor& master,
-                                   const c10::Device& device) {
-    for (const auto& entry : cache) {
-      if (entry.first == device) {
-        return entry.second;
-      }
-    }
-    cache.emplace_back(device, master.to(device, /*non_blocking=*/true));
-    return cache.back().second;
-  }
-
   // torch's _unscale_grads_ with allow_fp16=False: grads of all param groups,
   // split by device and dtype, each group unscaled with one call.
   std::vector<std::pair<c10::Device, at::Tensor>> unscale_grads(torch::optim::Optimizer& optimizer,
@@ -313,12 +302,12 @@ class LossScalerBase {
       }
     }
     std::vector<std::pair<c10::Device, at::Tensor>> found_inf_per_device;
-    std::vector<std::pair<c10::Device, at::Tensor>> inv_scales;
+    detail::PerDevice inv_scales;
     for (auto& device_and_dtypes : per_device_and_dtype) {
       const c10::Device& device = device_and_dtypes.first;
       // A zeroed flag per device, as torch's replicas of its zeroed found_inf.
       at::Tensor found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
-      const at::Tensor& device_inv_scale = replica(inv_scales, inv_scale, device);
+      const at::Tensor& device_inv_scale = inv_scales.copy(inv_scale, device);
       for (auto& dtype_and_grads : device_and_dtypes.second) {
         detail::non_finite_check_and_unscale_(dtype_and_grads.second, found_inf, device_inv_scale);
       }

@@ -134,12 +134,7 @@ class Precision {
   // The scaled loss's backward (scaler.scale(loss).backward()); with a
   // GradientSync installed, gradients are averaged across processes after it.
   void backward(const at::Tensor& loss) {
-    TORCH_CHECK(loss.defined(), "amp: backward(): the loss is an undefined tensor");
-    TORCH_CHECK(loss.numel() == 1, "amp: backward(): the loss must have one element, got shape ", loss.sizes(),
-                "; reduce it first (e.g. loss.mean())");
-    TORCH_CHECK(loss.requires_grad(),
-                "amp: backward(): the loss does not require grad; compute it from the "
-                "models' outputs (not under torch::NoGradGuard or evaluate())");
+    detail::check_loss(loss, "backward(): ", "the models' outputs");
     if (sync_ != nullptr) sync_->begin_backward(/*boundary=*/true);
     scaler_.scale(loss).backward();
     if (sync_ != nullptr) sync_->finish_backward();
@@ -169,9 +164,7 @@ class Precision {
     TORCH_CHECK(std::find(stepped_.begin(), stepped_.end(), char{1}) != stepped_.end(),
                 "amp: update() without a step() since the last update(); call prec.step(optimizer) first");
     scaler_.update();
-    float8_.update([this](at::Tensor& amaxes) {
-      if (sync_ != nullptr) sync_->reduce_max(amaxes);
-    });
+    float8_.update(detail::reduce_max_with(sync_));
     std::fill(stepped_.begin(), stepped_.end(), char{0});
     ++steps_;
     if constexpr (scaler_capabilities<scaler_type>::found_inf) return scaler_.found_inf();

@@ -108,6 +108,25 @@ inline void check_accumulation(const torch::optim::Optimizer& opt, int64_t accum
               "accumulation_steps(1)");
 }
 
+// The checks on a loss before its backward, for the Stepper (who: "") and
+// Precision::backward (who: "backward(): "); hint: where to compute it.
+inline void check_loss(const at::Tensor& loss, const char* who, const char* hint) {
+  TORCH_CHECK(loss.defined(), "amp: ", who, "the loss is an undefined tensor; return the loss tensor");
+  TORCH_CHECK(loss.numel() == 1, "amp: ", who, "the loss must have one element, got shape ", loss.sizes(),
+              "; reduce it first (e.g. loss.mean())");
+  TORCH_CHECK(loss.requires_grad(), "amp: ", who,
+              "the loss does not require grad, so backward() cannot reach the parameters; compute it from ", hint,
+              " (not under torch::NoGradGuard or evaluate())");
+}
+
+// A Float8 recipe's reduce_max (amaxes, in place): sync's across the
+// processes, nothing for one process (sync null).
+inline auto reduce_max_with(GradientSync* sync) {
+  return [sync](at::Tensor& t) {
+    if (sync != nullptr) sync->reduce_max(t);
+  };
+}
+
 inline void validate(const StepOptions& o) {
   TORCH_CHECK(o.max_grad_norm() >= 0.0, "amp: max_grad_norm must be >= 0 (0 turns clipping off), got ",
               o.max_grad_norm());
@@ -162,12 +181,7 @@ class Stepper {
 
  private:
   static void check_loss(const at::Tensor& loss) {
-    TORCH_CHECK(loss.defined(), "amp: the forward returned an undefined tensor; return the loss tensor");
-    TORCH_CHECK(loss.numel() == 1, "amp: the loss must have one element, got shape ", loss.sizes(),
-                "; reduce it first (e.g. loss.mean())");
-    TORCH_CHECK(loss.requires_grad(),
-                "amp: the loss does not require grad, so backward() cannot reach the parameters; compute it from the "
-                "model's output inside the step function (not under torch::NoGradGuard)");
+    detail::check_loss(loss, "", "the model's output inside the step function");
   }
 
   StepResult backward_and_step(const at::Tensor& loss) {

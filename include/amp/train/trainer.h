@@ -294,10 +294,7 @@ class Trainer {
   }
 
   StepResult after_step(StepResult r) {
-    if (r.boundary)
-      float8_.update([this](at::Tensor& amaxes) {
-        if (GradientSync* sync = stepper_.gradient_sync()) sync->reduce_max(amaxes);
-      });
+    if (r.boundary) float8_.update(detail::reduce_max_with(stepper_.gradient_sync()));
     return r;
   }
 

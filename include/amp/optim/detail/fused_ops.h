@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "amp/detail/compat.h"
+#include "amp/detail/per_device.h"
 #include "amp/optim/fused_kind.h"
 #include "amp/optim/supports_amp_scaling.h"
 
@@ -164,20 +165,13 @@ class StepFlags {
   c10::optional<at::Tensor> found(const c10::Device& device) { return on(found_, founds_, device); }
   // 1 - found: 1 where the step runs.
   at::Tensor not_found(const c10::Device& device) {
-    for (auto& e : not_founds_)
-      if (e.first == device) return e.second;
-    not_founds_.emplace_back(device, at::rsub(*found(device), 1));
-    return not_founds_.back().second;
+    return not_founds_.get(device, [&] { return at::rsub(*found(device), 1); });
   }
 
  private:
-  using PerDevice = std::vector<std::pair<c10::Device, at::Tensor>>;
   static c10::optional<at::Tensor> on(const at::Tensor& t, PerDevice& cache, const c10::Device& device) {
     if (!t.defined()) return c10::nullopt;
-    for (auto& e : cache)
-      if (e.first == device) return e.second;
-    cache.emplace_back(device, t.to(t.options().device(device), /*non_blocking=*/true));
-    return cache.back().second;
+    return cache.copy(t, device);
   }
 
   at::Tensor scale_, found_;
