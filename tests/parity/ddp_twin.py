@@ -28,6 +28,8 @@ import time
 
 import torch
 
+from parity_io import backward_and_step, bits  # noqa: E402
+
 STEPS = 30  # as ddp_parity.cc's kSteps
 BATCH = 32  # per rank, as kBatch
 INF_STEPS = (3, 4, 17)  # the last rank's loss times inf, in the "-inf" runs
@@ -35,10 +37,6 @@ INF_STEPS = (3, 4, 17)  # the last rank's loss times inf, in the "-inf" runs
 
 def version():
     return tuple(int(v) for v in torch.__version__.split(".")[:2])
-
-
-def bits(x):
-    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
 
 
 def timeout_s():
@@ -138,15 +136,7 @@ def train(name, r, rank, world, x, y):
             loss = torch.nn.functional.cross_entropy(ddp(x[i]), y[i])
             if name.endswith("-inf") and rank == world - 1 and i in INF_STEPS:
                 loss = loss * math.inf
-        if scaler is None:
-            loss.backward()
-            opt.step()
-            scale = 1.0
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            scale = scaler.get_scale()
+        scale = backward_and_step(loss, opt, scaler)
         rows.append((name, i, bits(loss.item()), bits(scale)))
     return rows, [p.detach().clone() for p in model.canonical()]
 

@@ -28,19 +28,7 @@ for n in "${worlds[@]}"; do
   cat "$out/cpp_half_w$n.log"
   cpp=$(sed -n 's/^\[0\] ddp_parity: LibTorch \([0-9.]*\) on .*/\1/p' "$out/cpp_half_w$n.log")
 done
-# The first Python with torch: CMake's (AMP_PYTHON), Debian's (python3-torch), the one on PATH.
-py=""
-for cand in "${AMP_PYTHON:-}" /usr/bin/python3 "$(command -v python3 || true)"; do
-  if [ -n "$cand" ] && "$cand" -c 'import torch.distributed' 2>/dev/null; then py=$cand; break; fi
-done
-if [ -z "$py" ]; then
-  echo "amp: $(basename "$twin") needs Python's torch built on the same LibTorch $cpp (Debian: python3-torch)"
-  exit 1
-fi
-pyv=$("$py" -c 'import torch; print(".".join(torch.__version__.split(".")[:2]))')
-if [ "$pyv" != "$cpp" ]; then
-  echo "amp: Python's torch is $pyv but amp was built against LibTorch $cpp; the comparison needs the same library"
-  exit 1
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/twin_python.sh"
+twin_python "$cpp" "$twin" torch.distributed
 rm -f "$out"/py_w*
 "$py" "$twin" "$out" "${worlds[@]}"

@@ -17,13 +17,11 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from parity_io import bits, make_mlp  # noqa: E402
+
 STEPS = 100
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 EPS = 1e-12
-
-
-def bits(x):
-    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
 
 
 def amax_to_scale(amax, f8):  # torchao: fp64, floored at EPS, stored as fp32
@@ -249,16 +247,6 @@ def fp8_linear(input, weight, bias, delayed=None):
     if bias is not None:
         y = y + bias.to(torch.bfloat16)
     return y
-
-
-def make_mlp():
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
-                            torch.nn.ReLU(), torch.nn.Linear(128, 10))
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape) * 0.05)
-    return m
 
 
 def linear_for(recipe, fp8):  # the linear of a run: (input, module) -> output

@@ -16,16 +16,13 @@ parameters and final states (codes and scales) bit for bit. Exits 1 on any
 difference.
 """
 import math
-import struct
 import sys
 
 import torch
 
+from parity_io import backward_and_step, bits, make_mlp  # noqa: E402
+
 STEPS = 100
-
-
-def bits(x):
-    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
 
 
 # --- torchao/optim/quant_utils.py -------------------------------------------
@@ -282,16 +279,6 @@ def runs():
     return r
 
 
-def make_mlp():
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
-                            torch.nn.ReLU(), torch.nn.Linear(128, 10))
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape) * 0.05)
-    return m
-
-
 def data():
     torch.manual_seed(1)
     x = torch.randn(STEPS, 64, 64) * 2
@@ -322,15 +309,7 @@ def run(name, r, x, y):
             loss = torch.nn.functional.cross_entropy(model(x[i].to(dtype)).float(), y[i])
         if poison:
             loss = loss * math.inf
-        if scaler is None:
-            loss.backward()
-            opt.step()
-            scale = 1.0
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            scale = scaler.get_scale()
+        scale = backward_and_step(loss, opt, scaler)
         rows.append((name, i, bits(loss.item()), bits(scale)))
     return rows, [p.detach() for p in model.parameters()], state_tensors(opt, model)
 

@@ -19,6 +19,8 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
+from parity_io import bits  # noqa: E402
+
 STEPS = 300
 
 
@@ -91,10 +93,6 @@ GAN_RUNS = {
 def has_fused(device):  # as parity.cc decides: CUDA, or CPU from torch 2.4
     major, minor = (int(v) for v in torch.__version__.split(".")[:2])
     return device == "cuda" or (major, minor) >= (2, 4)
-
-
-def bits(x):
-    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
 
 
 def make_model(device):
