@@ -63,6 +63,22 @@ case "$group" in
     one "MASTER_ADDR is not set" RANK=0 WORLD_SIZE=1 MASTER_PORT=29999
     # Nobody serves the port: a bounded wait, then amp:'s error.
     one "could not rendezvous at 127.0.0.1:9" AMP_DP_TIMEOUT_MS=2000 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9
+    # Two processes given different WORLD_SIZEs (rank 0: 2, rank 1: 3): each gets amp:'s error, naming both.
+    port=$((20000 + RANDOM % 20000))
+    pids=()
+    for r in 0 1; do
+      env -u RANK -u WORLD_SIZE AMP_DP_TIMEOUT_MS=10000 RANK=$r WORLD_SIZE=$((2 + r)) MASTER_ADDR=127.0.0.1 \
+        MASTER_PORT=$port "$bin" rendezvous_error "every process must be given the same WORLD_SIZE" \
+        >"$work/ws$r.txt" 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    cat "$work/ws0.txt" "$work/ws1.txt"
+    if grep -q "^PASS" "$work/ws0.txt" && grep -q "^PASS" "$work/ws1.txt"; then
+      echo "ok: WORLD_SIZE 2 and 3: both ranks got amp:'s error"
+    else
+      echo "FAIL: WORLD_SIZE 2 and 3"; fails=$((fails + 1))
+    fi
     ;;
   *) echo "unknown group $group"; exit 2 ;;
 esac

@@ -308,6 +308,30 @@ inline c10::Device training_device(const ProcessInfo& info, Backend backend) {
 #endif
   return c10::Device(c10::kCPU);
 }
+
+// Every rank must have been told the same world size (torchrun gives each the
+// same WORLD_SIZE; hand-set environments can disagree, and Gloo then only
+// times out): each rank publishes its own through the store and compares it
+// with rank 0's (rank 0: with every other rank's), within the store's timeout.
+inline void check_same_world_size(c10d::Store& store, const ProcessInfo& info, std::chrono::milliseconds timeout) {
+  const std::string mine = std::to_string(info.world_size);
+  store.set("amp/world_size/" + std::to_string(info.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  const int64_t first = info.rank == 0 ? 1 : 0, last = info.rank == 0 ? info.world_size : 1;
+  for (int64_t r = first; r < last; ++r) {
+    std::vector<uint8_t> value;
+    try {
+      value = store.get("amp/world_size/" + std::to_string(r));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "amp: rank ", info.rank, " of ", info.world_size, ": rank ", r, " did not join within ",
+                  timeout.count(), " ms (did every rank start, with the same WORLD_SIZE?): ", first_line(e));
+    }
+    const std::string theirs(value.begin(), value.end());
+    TORCH_CHECK(theirs == mine, "amp: rank ", info.rank, " was given WORLD_SIZE=", mine, " but rank ", r,
+                " WORLD_SIZE=", theirs,
+                "; every process must be given the same WORLD_SIZE (torchrun and tools/launch "
+                "set it for you)");
+  }
+}
 }  // namespace detail
 
 // Rendezvous through a c10d::TCPStore on info.master_addr:master_port (rank 0
@@ -334,6 +358,7 @@ inline ProcessGroup init_process_group(const ProcessInfo& info, const ProcessGro
                 info.rank == 0 ? "is the port free, and did every rank start?" : "is rank 0 running there?",
                 "): ", detail::first_line(e));
   }
+  detail::check_same_world_size(*store, info, options.timeout());
   auto gloo_options = detail::compat::GlooOptions::create(options.timeout());
   const std::string host = !options.hostname().empty()             ? options.hostname()
                            : detail::is_loopback(info.master_addr) ? std::string("127.0.0.1")
