@@ -312,24 +312,44 @@ inline c10::Device training_device(const ProcessInfo& info, Backend backend) {
 // Every rank must have been told the same world size (torchrun gives each the
 // same WORLD_SIZE; hand-set environments can disagree, and Gloo then only
 // times out): each rank publishes its own through the store and compares it
-// with rank 0's (rank 0: with every other rank's), within the store's timeout.
+// with rank 0's (rank 0: with every other rank's). Rank 0 serves the store,
+// so before it may fail it waits (within the timeout) until each rank it
+// compared with has read its value: both sides get the mismatch, not a
+// closed connection.
 inline void check_same_world_size(c10d::Store& store, const ProcessInfo& info, std::chrono::milliseconds timeout) {
   const std::string mine = std::to_string(info.world_size);
-  store.set("amp/world_size/" + std::to_string(info.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
-  const int64_t first = info.rank == 0 ? 1 : 0, last = info.rank == 0 ? info.world_size : 1;
-  for (int64_t r = first; r < last; ++r) {
-    std::vector<uint8_t> value;
+  auto key = [](const char* what, int64_t r) { return std::string("amp/world_size/") + what + std::to_string(r); };
+  auto read = [&](int64_t r) {
+    std::vector<uint8_t> v;
     try {
-      value = store.get("amp/world_size/" + std::to_string(r));
+      v = store.get(key("of", r));
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "amp: rank ", info.rank, " of ", info.world_size, ": rank ", r, " did not join within ",
-                  timeout.count(), " ms (did every rank start, with the same WORLD_SIZE?): ", first_line(e));
+      TORCH_CHECK(false, "amp: rank ", info.rank, " of ", info.world_size, " could not read rank ", r,
+                  "'s WORLD_SIZE within ", timeout.count(),
+                  " ms (did every rank start, with the same WORLD_SIZE?): ", first_line(e));
     }
-    const std::string theirs(value.begin(), value.end());
-    TORCH_CHECK(theirs == mine, "amp: rank ", info.rank, " was given WORLD_SIZE=", mine, " but rank ", r,
-                " WORLD_SIZE=", theirs,
-                "; every process must be given the same WORLD_SIZE (torchrun and tools/launch "
-                "set it for you)");
+    return std::string(v.begin(), v.end());
+  };
+  auto mismatch = [&](int64_t r, const std::string& theirs) {
+    return c10::str("amp: rank ", info.rank, " was given WORLD_SIZE=", mine, " but rank ", r, " WORLD_SIZE=", theirs,
+                    "; every process must be given the same WORLD_SIZE (torchrun and tools/launch set it for you)");
+  };
+  store.set(key("of", info.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  if (info.rank != 0) {
+    const std::string theirs = read(0);
+    store.set(key("read_by", info.rank), std::vector<uint8_t>{1});
+    TORCH_CHECK(theirs == mine, mismatch(0, theirs));
+    return;
+  }
+  for (int64_t r = 1; r < info.world_size; ++r) {
+    const std::string theirs = read(r);
+    try {
+      (void)store.get(key("read_by", r));  // r has read rank 0's value
+    } catch (const std::exception&) {
+      // r died or stopped after writing: its own error (or none) is its
+      // launcher's to report; rank 0's comes next either way.
+    }
+    TORCH_CHECK(theirs == mine, mismatch(r, theirs));
   }
 }
 }  // namespace detail
