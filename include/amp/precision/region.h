@@ -40,6 +40,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <functional>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -209,10 +210,10 @@ class Region {
   // True<> regions. A Float8 region runs its linears in float8 through it, so
   // it must stay on (amp/float8/policy.h).
   explicit Region(StrictCasts strict_casts = kDefaultStrictCasts, LinearRouting linear_routing = LinearRouting::kOn)
-      : strict_mode_(strict_casts),
+      : guard_(/*enabled=*/true, /*cache_enabled=*/std::nullopt, checked_routing(linear_routing)),
+        strict_mode_(strict_casts),
         strict_(strict_casts, device_type, compute_dtype),
-        routing_mode_(checked_routing(linear_routing)),
-        routing_(linear_routing, device_type) {}
+        routing_mode_(linear_routing) {}
   explicit Region(LinearRouting linear_routing) : Region(kDefaultStrictCasts, linear_routing) {}
   explicit Region(const RegionOptions& options) : Region(options.strict_casts(), options.linear_routing()) {}
   // User-provided on purpose: `amp::Region<amp::True<amp::fp64>, amp::CPU> region;`
@@ -257,21 +258,19 @@ class Region {
 
  private:
   struct Inert {};
-  // Only a supported Mixed policy names an Autocast, so an unsupported one
-  // prints check_supported's message and nothing else.
-  using guard_type =
-      std::conditional_t<uses_autocast && is_supported_v<Policy, Device>, Autocast<compute_type, Device>, Inert>;
+  struct InertAutocast {
+    InertAutocast(bool, std::optional<bool>, LinearRouting) {}
+  };
+  // Only a supported Mixed policy names an Autocast (which also routes the
+  // linears, with the region's LinearRouting), so an unsupported one prints
+  // check_supported's message and nothing else.
+  using guard_type = std::conditional_t<uses_autocast && is_supported_v<Policy, Device>, Autocast<compute_type, Device>,
+                                        InertAutocast>;
   struct InertStrict {
     InertStrict(StrictCasts, c10::DeviceType, c10::ScalarType) {}
   };
   using strict_type =
       std::conditional_t<uses_autocast && is_supported_v<Policy, Device>, detail::StrictCastsGuard, InertStrict>;
-
-  struct InertRouting {
-    InertRouting(LinearRouting, c10::DeviceType) {}
-  };
-  using routing_type =
-      std::conditional_t<uses_autocast && is_supported_v<Policy, Device>, detail::LinearRoutingGuard, InertRouting>;
 
   using tf32_type =
       std::conditional_t<std::is_same_v<Policy, True<tf32>> && std::is_same_v<Device, CUDA>, AllowTF32, Inert>;
@@ -293,8 +292,7 @@ class Region {
   // After guard_: checking starts once autocast is on and stops before it is off.
   [[maybe_unused]] strict_type strict_;
   LinearRouting routing_mode_;
-  [[maybe_unused]] routing_type routing_;
-  // After routing_: the linears it routes go to float8 while both live.
+  // After guard_: the linears it routes go to float8 while both live.
   [[maybe_unused]] float8_type float8_;
 };
 
