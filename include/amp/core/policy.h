@@ -91,11 +91,16 @@ inline constexpr bool is_float8_v = false;
 template <class R, class S>
 inline constexpr bool is_float8_v<Float8<R, S>> = true;
 
+namespace detail {
+// torchao's rowwise recipes (their own CPU threshold in rules.h).
+template <class R>
+inline constexpr bool is_rowwise_recipe_v = std::is_same_v<R, Rowwise> || std::is_same_v<R, RowwiseWithGwHp>;
+}  // namespace detail
+
 // A float8 recipe: Tensorwise, Rowwise, RowwiseWithGwHp, or Delayed<H, M>
 // with H >= 1 and 0 <= M < 64.
 template <class R>
-inline constexpr bool is_float8_recipe_v =
-    std::is_same_v<R, Tensorwise> || std::is_same_v<R, Rowwise> || std::is_same_v<R, RowwiseWithGwHp>;
+inline constexpr bool is_float8_recipe_v = std::is_same_v<R, Tensorwise> || detail::is_rowwise_recipe_v<R>;
 template <int H, int M>
 inline constexpr bool is_float8_recipe_v<Delayed<H, M>> = H >= 1 && M >= 0 && M < 64;
 

@@ -85,8 +85,6 @@ template <>
 inline constexpr bool float8_rowwise_supported_v<CPU> = compat::kCpuHasRowwiseScaledMm;
 template <>
 inline constexpr bool float8_rowwise_supported_v<CUDA> = compat::kHasFloat8Matmul;
-template <class R>
-inline constexpr bool is_rowwise_recipe_v = std::is_same_v<R, Rowwise> || std::is_same_v<R, RowwiseWithGwHp>;
 
 // ---------------------------------------------------------------------------
 // Validity: one trait per rule, then their conjunction.

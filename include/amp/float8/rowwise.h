@@ -102,9 +102,6 @@ struct RowwiseMatmul : torch::autograd::Function<RowwiseMatmul> {
   }
 };
 
-}  // namespace detail
-
-namespace detail {
 inline at::Tensor rowwise_linear(const at::Tensor& input, const at::Tensor& weight,
                                  const c10::optional<at::Tensor>& bias, bool gw_hp) {
   if (!fits(weight)) return at::linear(input, weight, bias);
