@@ -9,11 +9,13 @@ def bits(x):
     return struct.unpack("<I", struct.pack("<f", float(x)))[0]
 
 
-def make_mlp():
-    """parity_io.h's make_mlp: 64-128-128-10 with ReLUs, weights randn * 0.05 from seed 0."""
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
-                            torch.nn.ReLU(), torch.nn.Linear(128, 10))
+def make_mlp(seed=0, hidden=128, out=10):
+    """64-hidden-hidden-out with ReLUs, weights randn * 0.05 drawn after manual_seed(seed) (the
+    modules' own init differs between C++ and Python): parity_io.h's make_mlp with the defaults,
+    parity.cc's make_model and make_discriminator with theirs."""
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
+                            torch.nn.ReLU(), torch.nn.Linear(hidden, out))
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.randn(p.shape) * 0.05)

@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from parity_io import bits  # noqa: E402
+from parity_io import bits, make_mlp  # noqa: E402
 
 STEPS = 300
 
@@ -95,24 +95,12 @@ def has_fused(device):  # as parity.cc decides: CUDA, or CPU from torch 2.4
     return device == "cuda" or (major, minor) >= (2, 4)
 
 
-def make_model(device):
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                            torch.nn.ReLU(), torch.nn.Linear(256, 10))
-    with torch.no_grad():  # as parity.cc: explicit randn weights (module init differs between C++ and Python)
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape) * 0.05)
-    return m.to(device)
+def make_model(device):  # as parity.cc's make_model
+    return make_mlp(seed=0, hidden=256, out=10).to(device)
 
 
 def make_discriminator(device):  # as parity.cc's make_discriminator
-    torch.manual_seed(2)
-    d = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                            torch.nn.ReLU(), torch.nn.Linear(256, 1))
-    with torch.no_grad():
-        for p in d.parameters():
-            p.copy_(torch.randn(p.shape) * 0.05)
-    return d.to(device)
+    return make_mlp(seed=2, hidden=256, out=1).to(device)
 
 
 def data(device):
