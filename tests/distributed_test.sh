@@ -33,6 +33,22 @@ case "$group" in
     run 1 resume "$work/ckpt2.pt" 6
     run 4 resume "$work/ckpt2.pt" 6
     ;;
+  sharded)
+    # BIN is sharded_cases: ShardedOptimizer beside unsharded DataParallel, bitwise.
+    for c in sgd adam adamw adamw8bit fp16_inf float8 scaler_sgd scaler_adamw precision memory; do run 2 "$c"; done
+    for c in adamw scaler_adamw memory; do run 3 "$c"; run 4 "$c"; done
+    # Consolidated checkpoints: sharded -> unsharded, one process, other world
+    # sizes; unsharded -> sharded. Bitwise onward at the same world size.
+    run 2 ckpt_train "$work/s2.pt" 4 sharded
+    for spec in "2 plain" "2 sharded" "1 plain" "1 sharded" "3 sharded" "4 plain"; do
+      set -- $spec; run "$1" ckpt_resume "$work/s2.pt" 4 "$2"
+    done
+    run 2 ckpt_train "$work/p2.pt" 4 plain
+    run 2 ckpt_resume "$work/p2.pt" 4 sharded
+    run 4 ckpt_resume "$work/p2.pt" 4 sharded
+    run 2 bad_load "$work/s2.pt"
+    AMP_DP_TIMEOUT_MS=4000 run 2 lonely_save "$work/lonely.pt"
+    ;;
   faults)
     export AMP_DP_TIMEOUT_MS=5000
     # One of 3 dies mid-run (SIGKILL) / stops (SIGSTOP): the others fail with

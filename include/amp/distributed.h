@@ -8,3 +8,4 @@
 
 #include "amp/distributed/data_parallel.h"
 #include "amp/distributed/process_group.h"
+#include "amp/distributed/sharded_optimizer.h"

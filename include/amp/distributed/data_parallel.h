@@ -50,7 +50,9 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <ostream>
 #include <sstream>
+#include <streambuf>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -58,6 +60,7 @@
 
 #include "amp/distributed/detail/data_parallel_impl.h"
 #include "amp/distributed/process_group.h"
+#include "amp/distributed/sharded_optimizer.h"
 #include "amp/train/history.h"
 #include "amp/train/stepper.h"
 
@@ -371,9 +374,32 @@ class DataParallel : public GradientSync {
   std::vector<detail::RngStates> gathered_rng_;  // every rank's, between gather_rng() and the save
 };
 
+namespace detail {
+// A streambuf that keeps nothing: the other ranks' part of a collective save.
+class DiscardBuffer : public std::streambuf {
+ protected:
+  int overflow(int c) override { return c; }
+  std::streamsize xsputn(const char*, std::streamsize n) override { return n; }
+};
+
+// Whether trainer (a Trainer or a Precision) has an optimizer whose save()
+// every rank must call (amp/distributed/sharded_optimizer.h).
+template <class T>
+bool has_collective_save(const T& trainer) {
+  if constexpr (has_stepper<T>::value) {
+    return dynamic_cast<const CollectiveSave*>(&trainer.stepper().optimizer()) != nullptr;
+  } else {
+    for (size_t i = 0; i < trainer.num_optimizers(); ++i)
+      if (dynamic_cast<const CollectiveSave*>(&trainer.optimizer(i)) != nullptr) return true;
+    return false;
+  }
+}
+}  // namespace detail
+
 // Rank 0 writes trainer.save(path) (atomically); every rank returns once it
-// is written, or throws if rank 0 failed to write it. Call on every rank; any
-// world size can trainer.load() the file.
+// is written, or throws if a rank failed. Call on every rank; any world size
+// can trainer.load() the file. With a ShardedOptimizer the other ranks take
+// part in the save (its state gather) and write nothing.
 template <class T>
 void save_on_rank0(const ProcessGroup& pg, const T& trainer, const std::string& path) {
   std::string error;
@@ -386,17 +412,23 @@ void save_on_rank0(const ProcessGroup& pg, const T& trainer, const std::string& 
       if (dp != nullptr) dp->forget_gathered_rng();
     }
   } forget{dp};
-  if (pg.rank() == 0) {
-    try {
+  try {
+    if (pg.rank() == 0) {
       trainer.save(path);
-    } catch (const std::exception& e) {
-      error = e.what();
+    } else if (detail::has_collective_save(trainer)) {
+      detail::DiscardBuffer discard;
+      std::ostream out(&discard);
+      trainer.save_state(out);
     }
+  } catch (const std::exception& e) {
+    error = e.what();
   }
+  // Rank 0's result first: its message is the one every rank reports.
   at::Tensor ok = at::full({1}, error.empty() ? 1 : 0, at::kInt);
   pg.broadcast(ok, 0, "checkpoint save of '" + path + "'");
   TORCH_CHECK(ok.item<int>() == 1, "amp: rank 0 could not write checkpoint '", path, "'",
-              error.empty() ? std::string() : ": " + error);
+              pg.rank() == 0 && !error.empty() ? ": " + error : std::string());
+  TORCH_CHECK(error.empty(), "amp: rank ", pg.rank(), " failed in the collective save of '", path, "': ", error);
 }
 
 // Trainer::fit across processes: rank r trains on batches r, r + W, r + 2W,

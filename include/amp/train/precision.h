@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -189,6 +190,12 @@ class Precision {
     detail::atomic_write(path, [&](const std::string& tmp) { archive.save_to(tmp); });
   }
 
+  // save() into a stream: the same archive, for save_on_rank0's other ranks.
+  void save_state(std::ostream& out) const {
+    check_between_iterations("save");
+    archive_now().save_to(out);
+  }
+
   // Restores a checkpoint written by save() with the same models and
   // optimizers set up in the same order. Refuses another policy's, another
   // count's, a truncated or corrupt one; on any failure nothing changes.
@@ -222,6 +229,8 @@ class Precision {
   int64_t steps() const { return steps_; }
   size_t num_models() const { return models_.size(); }
   size_t num_optimizers() const { return parts_.size(); }
+  // The i-th optimizer set up (setup order).
+  const torch::optim::Optimizer& optimizer(size_t i) const { return parts_.at(i)->optimizer(); }
   // Whether this optimizer takes the fused, sync-free step, and its path in words.
   bool fused(const torch::optim::Optimizer& optimizer) const { return parts_[index_of(optimizer, "fused")]->fused(); }
   std::string optimizer_path(const torch::optim::Optimizer& optimizer) const {

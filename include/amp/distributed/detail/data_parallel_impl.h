@@ -45,17 +45,17 @@ inline std::string describe_tensor(const std::vector<int64_t>& s, size_t& pos) {
 // Every rank's summary against rank 0's: the same amp: error on every rank
 // (all of them see all summaries), naming the first difference.
 inline void check_same_shapes(const ProcessGroup& pg, const std::vector<int64_t>& mine,
-                              const std::function<std::string(size_t)>& param_name) {
+                              const std::function<std::string(size_t)>& param_name, const char* who = "DataParallel") {
   const at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
   int64_t max_len = 0;
   std::vector<int64_t> lens;
-  for (const auto& t : pg.allgather(len, "DataParallel shape check")) {
+  for (const auto& t : pg.allgather(len, std::string(who) + " shape check")) {
     lens.push_back(t.item<int64_t>());
     max_len = std::max(max_len, lens.back());
   }
   at::Tensor padded = at::zeros({max_len}, at::kLong);
   std::copy(mine.begin(), mine.end(), padded.data_ptr<int64_t>());
-  const auto all = pg.allgather(padded, "DataParallel shape check");
+  const auto all = pg.allgather(padded, std::string(who) + " shape check");
   auto summary_of = [&](int r) {
     const int64_t* d = all[static_cast<size_t>(r)].data_ptr<int64_t>();
     return std::vector<int64_t>(d, d + lens[static_cast<size_t>(r)]);
@@ -64,15 +64,15 @@ inline void check_same_shapes(const ProcessGroup& pg, const std::vector<int64_t>
   for (int r = 1; r < pg.world_size(); ++r) {
     const std::vector<int64_t> other = summary_of(r);
     if (other == ref) continue;
-    TORCH_CHECK(other[0] == ref[0], "amp: DataParallel: rank ", r, " has ", other[0], " parameters but rank 0 has ",
+    TORCH_CHECK(other[0] == ref[0], "amp: ", who, ": rank ", r, " has ", other[0], " parameters but rank 0 has ",
                 ref[0], "; every rank must build the same model");
-    TORCH_CHECK(other[1] == ref[1], "amp: DataParallel: rank ", r, " has ", other[1], " buffers but rank 0 has ",
+    TORCH_CHECK(other[1] == ref[1], "amp: ", who, ": rank ", r, " has ", other[1], " buffers but rank 0 has ",
                 ref[1], "; every rank must build the same model");
     size_t pa = 2, pb = 2;
     for (int64_t i = 0; i < ref[0] + ref[1]; ++i) {
       const std::string a = describe_tensor(ref, pa), b = describe_tensor(other, pb);
       const bool is_param = i < ref[0];
-      TORCH_CHECK(a == b, "amp: DataParallel: ", is_param ? "parameter " : "buffer ",
+      TORCH_CHECK(a == b, "amp: ", who, ": ", is_param ? "parameter " : "buffer ",
                   is_param ? param_name(static_cast<size_t>(i)) : "#" + std::to_string(i - ref[0]), " is ", b,
                   " on rank ", r, " but ", a, " on rank 0; every rank must build the same model");
     }
