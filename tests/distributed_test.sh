@@ -48,6 +48,19 @@ case "$group" in
     run 4 ckpt_resume "$work/p2.pt" 4 sharded
     run 2 bad_load "$work/s2.pt"
     AMP_DP_TIMEOUT_MS=4000 run 2 lonely_save "$work/lonely.pt"
+    run 3 fit
+    # The last of 3 killed / stopped inside its local step: the two others
+    # fail in the parameter all-gather with an amp: error within the timeout.
+    for how in kill stop; do
+      out="$work/die_$how.txt"
+      AMP_DP_TIMEOUT_MS=5000 "$launch" -n 3 --grace 8 -- "$bin" die_in_gather "$how" >"$out" 2>&1
+      cat "$out"
+      if [ "$(grep -c '^\[[01]\] PASS die_in_gather' "$out")" -eq 2 ]; then
+        echo "ok: die_in_gather $how"
+      else
+        echo "FAIL: die_in_gather $how"; fails=$((fails + 1))
+      fi
+    done
     ;;
   faults)
     export AMP_DP_TIMEOUT_MS=5000

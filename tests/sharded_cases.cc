@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -171,9 +172,9 @@ void precision() {
     std::unique_ptr<torch::optim::Optimizer> og, od;
     if (sharded) {
       og = std::make_unique<amp::ShardedOptimizer<torch::optim::AdamW>>(pg, gen->parameters(),
-                                                                          torch::optim::AdamWOptions(1e-2));
+                                                                        torch::optim::AdamWOptions(1e-2));
       od = std::make_unique<amp::ShardedOptimizer<torch::optim::SGD>>(pg, disc->parameters(),
-                                                                       torch::optim::SGDOptions(0.05).momentum(0.9));
+                                                                      torch::optim::SGDOptions(0.05).momentum(0.9));
     } else {
       og = std::make_unique<torch::optim::AdamW>(gen->parameters(), torch::optim::AdamWOptions(1e-2));
       od = std::make_unique<torch::optim::SGD>(disc->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -238,11 +239,12 @@ void memory() {
           "a rank holds " + std::to_string(r) + " of " + std::to_string(full) + " state bytes");
   }
   check(total == full, "the ranks' states add up to " + std::to_string(total) + ", not " + std::to_string(full));
-  std::printf("PASS %s world %d: %lld parameters; per rank %.3f bytes/parameter (weights 4 + gradients 4 + state %.3f; "
-              "unsharded 16); parameter all-gather %lld bytes per rank per step\n",
-              g_case.c_str(), pg.world_size(), static_cast<long long>(n),
-              8.0 + static_cast<double>(mine) / static_cast<double>(n), static_cast<double>(mine) / n,
-              static_cast<long long>(opt_b.gathered_bytes()));
+  std::printf(
+      "PASS %s world %d: %lld parameters; per rank %.3f bytes/parameter (weights 4 + gradients 4 + state %.3f; "
+      "unsharded 16); parameter all-gather %lld bytes per rank per step\n",
+      g_case.c_str(), pg.world_size(), static_cast<long long>(n),
+      8.0 + static_cast<double>(mine) / static_cast<double>(n), static_cast<double>(mine) / n,
+      static_cast<long long>(opt_b.gathered_bytes()));
   std::fflush(stdout);
 }
 
@@ -267,7 +269,8 @@ void with_trainer(const amp::ProcessGroup& pg, const std::string& mode, bool two
     opt = std::make_unique<amp::ShardedOptimizer<torch::optim::AdamW>>(pg, groups, options);
   else
     opt = std::make_unique<torch::optim::AdamW>(groups, options);
-  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(net, *opt, amp::TrainerOptions().progress(false));
+  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(net, *opt,
+                                                                       amp::TrainerOptions().progress(false));
   amp::DataParallel dp(pg, trainer);
   body(net, trainer);
 }
@@ -408,6 +411,78 @@ void lonely_save(const std::string& path) {
   });
 }
 
+// fit_sharded with a sharded trainer: the same History and parameters as unsharded.
+void fit() {
+  auto pg = init();
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int64_t s = 0; s < 9; ++s) batches.push_back(batch(s, 0, 1));
+  auto run = [&](bool sharded) {
+    torch::manual_seed(7);
+    auto net = make_net();
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (sharded)
+      opt = std::make_unique<amp::ShardedOptimizer<torch::optim::Adam>>(pg, net->parameters(),
+                                                                        torch::optim::AdamOptions(1e-2));
+    else
+      opt = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
+    amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(net, *opt,
+                                                                         amp::TrainerOptions().progress(false));
+    amp::DataParallel dp(pg, trainer);
+    const amp::History h = amp::fit_sharded(pg, trainer, batches, [&](auto&, const auto& b) {
+      return (net->forward(b.first).to(torch::kFloat) - b.second).pow(2).mean();
+    });
+    std::vector<double> losses;
+    for (const auto& m : h.steps) losses.push_back(m.loss);
+    return std::make_pair(losses, param_bits(*net));
+  };
+  const auto plain = run(false), sharded = run(true);
+  check(!plain.first.empty() && plain.first == sharded.first, "the histories' losses differ");
+  check(torch::equal(plain.second, sharded.second), "the parameters differ from unsharded DataParallel");
+  std::cout << "PASS " << g_case << " world " << pg.world_size() << " steps " << plain.first.size() << std::endl;
+}
+
+// An Inner whose step() stops or kills the last rank at its 3rd step: after
+// the gradient all-reduce, before the parameter all-gather, which the
+// survivors wait in.
+int64_t g_die_steps = 0;
+std::string g_die_how;
+struct DyingSGD : torch::optim::SGD {
+  DyingSGD(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::SGDOptions o)
+      : torch::optim::SGD(std::move(groups), o) {}
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    if (++g_die_steps == 3 && g_rank == std::atoi(std::getenv("WORLD_SIZE")) - 1) {
+      std::cout << "rank " << g_rank << " " << g_die_how << " in its local step" << std::endl;
+      std::raise(g_die_how == "kill" ? SIGKILL : SIGSTOP);
+    }
+    return torch::optim::SGD::step(closure);
+  }
+};
+
+void die_in_gather(const std::string& how) {
+  g_die_how = how;
+  auto pg = init();
+  auto net = make_net();
+  amp::ShardedOptimizer<DyingSGD> opt(pg, net->parameters(), torch::optim::SGDOptions(0.05));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+  amp::DataParallel dp(pg, trainer);
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (int64_t s = 0; s < 6; ++s) {
+      auto [x, y] = batch(s, pg.rank(), pg.world_size());
+      t0 = std::chrono::steady_clock::now();
+      trainer.step([&](auto&) { return torch::mse_loss(net->forward(x), y); });
+    }
+  } catch (const c10::Error& e) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string msg = e.what_without_backtrace();
+    check(msg.rfind("amp: ShardedOptimizer's parameter all-gather", 0) == 0, "message: " + msg);
+    check(secs < timeout().count() / 1000.0 + 0.5, "took " + std::to_string(secs) + " s");
+    std::cout << "PASS " << g_case << " after " << secs << " s: " << msg.substr(0, msg.find('\n')) << std::endl;
+    std::exit(3);  // a failed rank: tools/launch ends the stopped one
+  }
+  fail("no error");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -430,8 +505,7 @@ int main(int argc, char** argv) {
       if constexpr (amp::is_supported_v<Fp16, amp::CPU>) {
         twin<Fp16, torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2), 12, true);
       } else {
-        std::cout << "PASS fp16_inf (16-mixed on CPU needs LibTorch 2.3+; scaler_* cover the scaler here)"
-                  << std::endl;
+        std::cout << "PASS fp16_inf (16-mixed on CPU needs LibTorch 2.3+; scaler_* cover the scaler here)" << std::endl;
       }
     } else if (g_case == "scaler_sgd")
       scaler_twin<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -439,6 +513,10 @@ int main(int argc, char** argv) {
       scaler_twin<torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2));
     else if (g_case == "precision")
       precision();
+    else if (g_case == "fit")
+      fit();
+    else if (g_case == "die_in_gather" && a.size() == 2)
+      die_in_gather(a[1]);
     else if (g_case == "memory")
       memory();
     else if (g_case == "ckpt_train" && a.size() == 4)

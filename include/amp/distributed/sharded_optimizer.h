@@ -275,11 +275,11 @@ class ShardedOptimizer : public torch::optim::Optimizer, public SupportsAmpScali
     for (int r = 0; r < pg_.world_size(); ++r)
       for (const auto& group : groups_of(r))
         for (const auto& p : group.params()) {
-          auto d = std::find_if(dtypes_.begin(), dtypes_.end(), [&](const auto& s) { return s.dtype == p.scalar_type(); });
+          auto d =
+              std::find_if(dtypes_.begin(), dtypes_.end(), [&](const auto& s) { return s.dtype == p.scalar_type(); });
           if (d == dtypes_.end()) {
-            dtypes_.push_back(DtypeShards{p.scalar_type(), std::vector<std::vector<at::Tensor>>(
-                                                               static_cast<size_t>(pg_.world_size())),
-                                          0});
+            dtypes_.push_back(DtypeShards{
+                p.scalar_type(), std::vector<std::vector<at::Tensor>>(static_cast<size_t>(pg_.world_size())), 0});
             d = std::prev(dtypes_.end());
           }
           d->by_rank[static_cast<size_t>(r)].push_back(p);

@@ -66,8 +66,8 @@ inline void check_same_shapes(const ProcessGroup& pg, const std::vector<int64_t>
     if (other == ref) continue;
     TORCH_CHECK(other[0] == ref[0], "amp: ", who, ": rank ", r, " has ", other[0], " parameters but rank 0 has ",
                 ref[0], "; every rank must build the same model");
-    TORCH_CHECK(other[1] == ref[1], "amp: ", who, ": rank ", r, " has ", other[1], " buffers but rank 0 has ",
-                ref[1], "; every rank must build the same model");
+    TORCH_CHECK(other[1] == ref[1], "amp: ", who, ": rank ", r, " has ", other[1], " buffers but rank 0 has ", ref[1],
+                "; every rank must build the same model");
     size_t pa = 2, pb = 2;
     for (int64_t i = 0; i < ref[0] + ref[1]; ++i) {
       const std::string a = describe_tensor(ref, pa), b = describe_tensor(other, pb);
