@@ -17,6 +17,7 @@
 #include "amp/detail/compat.h"
 #include "amp/detail/compat_c10d.h"
 #include "amp/distributed.h"
+#include "process_case.h"
 #include "amp/train/precision.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/train/trainer.h"
@@ -24,27 +25,10 @@
 
 namespace {
 
-std::string g_case;
-int g_rank = -1;
-
-[[noreturn]] void fail(const std::string& why) {
-  std::cout << "FAIL " << g_case << " (rank " << g_rank << "): " << why << std::endl;
-  std::exit(1);
-}
-void check(bool ok, const std::string& why) {
-  if (!ok) fail(why);
-}
-
-std::chrono::milliseconds timeout() {
-  const char* v = std::getenv("AMP_DP_TIMEOUT_MS");
-  return std::chrono::milliseconds(v ? std::atol(v) : 20000);
-}
-
-amp::ProcessGroup init() {
-  auto pg = amp::init_process_group(amp::ProcessGroupOptions().timeout(timeout()).threads(1));
-  g_rank = pg.rank();
-  return pg;
-}
+using test_case::check;
+using test_case::fail;
+using test_case::init;
+using test_case::timeout;
 
 torch::nn::Sequential make_net(int64_t hidden = 32) {
   return torch::nn::Sequential(torch::nn::Linear(16, hidden), torch::nn::ReLU(), torch::nn::Linear(hidden, 4));
@@ -109,7 +93,7 @@ void train_identical(amp::GradCompression compression, int64_t steps, double ada
         "all-reduces " + std::to_string(dp.allreduces()) + " != steps * buckets");
   check(!torch::equal(initial, p0.detach()), "the first parameter did not change");
   check_identical(dp, trainer, trainer.precision);
-  std::cout << "PASS " << g_case << " " << trainer.precision << " world " << pg.world_size() << " buckets "
+  std::cout << "PASS " << test_case::name << " " << trainer.precision << " world " << pg.world_size() << " buckets "
             << dp.buckets() << " all-reduces " << dp.allreduces() << " (" << p0.scalar_type() << " gradients sent as "
             << pg.wire_dtype(p0) << ")" << std::endl;
 }
@@ -126,7 +110,7 @@ void compress(amp::GradCompression compression) {
     const std::string expect = std::string("amp: DataParallelOptions::compression(") + (half ? "kFp16" : "kBf16") +
                                ") on CPU needs a Gloo that takes " + (half ? "Half" : "BFloat16");
     check(msg.find(expect) == 0, "message: " + msg);
-    std::cout << "PASS " << g_case << " (rejected: " << msg << ")" << std::endl;
+    std::cout << "PASS " << test_case::name << " (rejected: " << msg << ")" << std::endl;
   }
 }
 
@@ -138,7 +122,7 @@ void train_true(int64_t steps) {
   if constexpr (amp::is_supported_v<P, amp::CPU>) {
     train_identical<P>(amp::GradCompression::kNone, steps, 1e-4);
   } else {
-    std::cout << "PASS " << g_case << " (skipped: LibTorch " << TORCH_VERSION << " cannot train "
+    std::cout << "PASS " << test_case::name << " (skipped: LibTorch " << TORCH_VERSION << " cannot train "
               << amp::policy_traits<P>::name << " on CPU; half_grads covers its all-reduce)" << std::endl;
   }
 }
@@ -191,7 +175,7 @@ void half_grads() {
     std::cout << "half_grads: " << dtype << " gradients sent as " << pg.wire_dtype(w) << ", ranks identical after 10 "
               << "steps" << std::endl;
   }
-  std::cout << "PASS " << g_case << std::endl;
+  std::cout << "PASS " << test_case::name << std::endl;
 }
 
 // 2 ranks with batch B each == 1 process with batch 2B, to fp32 rounding.
@@ -224,7 +208,7 @@ void parity() {
   std::cout << "parity: max |dp - single| = " << max_diff << " (max |param| " << max_abs << ") after " << steps
             << " steps" << std::endl;
   check(max_diff <= 1e-5 * std::max(1.0, max_abs), "data-parallel differs from one process with the global batch");
-  std::cout << "PASS " << g_case << std::endl;
+  std::cout << "PASS " << test_case::name << std::endl;
 }
 
 // An inf on the last rank only: every rank skips and backs off together.
@@ -252,7 +236,7 @@ void inf_one_rank() {
   bits.push_back(torch::full({1}, scale, torch::kFloat));
   auto all = pg.allgather(torch::cat(bits), "test gather");
   for (size_t r = 1; r < all.size(); ++r) check(torch::equal(all[0], all[r]), "ranks differ after the skip");
-  std::cout << "PASS " << g_case << " scale " << scale0 << " -> " << scale << std::endl;
+  std::cout << "PASS " << test_case::name << " scale " << scale0 << " -> " << scale << std::endl;
 }
 
 // Precision with two models and one DataParallel over both: every rank ends
@@ -307,7 +291,8 @@ void precision_two_models() {
   bits.push_back(torch::full({1}, prec.scaler().get_scale(), torch::kFloat));
   auto all = pg.allgather(torch::cat(bits), "test gather");
   for (size_t r = 1; r < all.size(); ++r) check(torch::equal(all[0], all[r]), "ranks differ");
-  std::cout << "PASS " << g_case << " " << prec.precision << (scaled ? " with an inf on one rank" : "") << std::endl;
+  std::cout << "PASS " << test_case::name << " " << prec.precision << (scaled ? " with an inf on one rank" : "")
+            << std::endl;
 }
 
 void precision() {
@@ -339,7 +324,7 @@ void accumulate() {
   }
   check(trainer.steps() == 4, "expected 4 optimizer steps");
   check_identical(dp, trainer, "accumulation");
-  std::cout << "PASS " << g_case << " buckets " << dp.buckets() << " all-reduces per micro-batch: " << per_step
+  std::cout << "PASS " << test_case::name << " buckets " << dp.buckets() << " all-reduces per micro-batch: " << per_step
             << std::endl;
 }
 
@@ -356,7 +341,7 @@ void mismatch() {
     check(msg.find("amp: DataParallel: parameter '0.weight' is Float[33, 16] on rank 1 but Float[32, 16] on rank 0") !=
               std::string::npos,
           "unexpected message");
-    std::cout << "PASS " << g_case << std::endl;
+    std::cout << "PASS " << test_case::name << std::endl;
     return;
   }
   fail("no error for different models");
@@ -391,7 +376,7 @@ void train_and_die(const std::string& path, int64_t steps, const std::string& ho
     std::exit(3);
   }
   check_identical(dp, trainer, "after " + std::to_string(steps) + " steps");
-  std::cout << "PASS " << g_case << " saved " << path << " at step " << trainer.steps() << std::endl;
+  std::cout << "PASS " << test_case::name << " saved " << path << " at step " << trainer.steps() << std::endl;
 }
 
 // Any world size: load a checkpoint, check its step, train on, stay identical.
@@ -409,8 +394,8 @@ void resume(const std::string& path, int64_t expect_steps) {
     trainer.step([&](auto&) { return torch::mse_loss(net->forward(x), y); });
   }
   check_identical(dp, trainer, "after resuming");
-  std::cout << "PASS " << g_case << " world " << pg.world_size() << " resumed at step " << expect_steps << ", now "
-            << trainer.steps() << std::endl;
+  std::cout << "PASS " << test_case::name << " world " << pg.world_size() << " resumed at step " << expect_steps
+            << ", now " << trainer.steps() << std::endl;
 }
 
 // Rank 0's checkpoint holds every rank's random generators, each restored on
@@ -447,7 +432,8 @@ void rng_resume(const std::string& path) {
   check(straight.losses == resumed.losses, "the resumed losses differ from the uninterrupted run's");
   for (size_t i = 0; i < straight.params.size(); ++i)
     check(torch::equal(straight.params[i], resumed.params[i]), "parameter " + std::to_string(i) + " differs");
-  std::cout << "PASS " << g_case << " world " << pg.world_size() << ": 3 steps after the resume bitwise" << std::endl;
+  std::cout << "PASS " << test_case::name << " world " << pg.world_size() << ": 3 steps after the resume bitwise"
+            << std::endl;
 }
 
 // No launcher: the rendezvous' errors (the caller sets the environment).
@@ -461,7 +447,7 @@ void rendezvous_error(const std::string& expect) {
     std::cout << "error after " << secs << " s: " << msg.substr(0, msg.find('\n')) << std::endl;
     check(msg.rfind("amp: ", 0) == 0 && msg.find(expect) != std::string::npos, "expected '" + expect + "'");
     check(secs < timeout().count() / 1000.0 + 5, "took longer than the timeout");
-    std::cout << "PASS " << g_case << std::endl;
+    std::cout << "PASS " << test_case::name << std::endl;
     return;
   }
   fail("no error");
@@ -551,51 +537,51 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   std::vector<std::string> a(argv + 1, argv + argc);
   if (a.empty()) fail("usage: distributed_test CASE [ARGS]");
-  g_case = a[0];
+  test_case::name = a[0];
   try {
-    if (g_case == "fp32")
+    if (test_case::name == "fp32")
       train_identical<amp::True<amp::fp32>>(amp::GradCompression::kNone, 20);
-    else if (g_case == "bf16")
+    else if (test_case::name == "bf16")
       train_identical<amp::Mixed<amp::bf16, amp::NoScaler>>(amp::GradCompression::kNone, 20);
-    else if (g_case == "fp16") {
+    else if (test_case::name == "fp16") {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
       train_identical<amp::Mixed<amp::fp16, amp::DynamicScaler>>(amp::GradCompression::kNone, 20);
 #else
       std::cout << "PASS fp16 (skipped: no CPU fp16 autocast before LibTorch 2.3)" << std::endl;
 #endif
-    } else if (g_case == "compress_fp16" || g_case == "compress_bf16") {
-      compress(g_case == "compress_fp16" ? amp::GradCompression::kFp16 : amp::GradCompression::kBf16);
-    } else if (g_case == "true_bf16")
+    } else if (test_case::name == "compress_fp16" || test_case::name == "compress_bf16") {
+      compress(test_case::name == "compress_fp16" ? amp::GradCompression::kFp16 : amp::GradCompression::kBf16);
+    } else if (test_case::name == "true_bf16")
       train_true<amp::bf16>(20);
-    else if (g_case == "true_fp16")
+    else if (test_case::name == "true_fp16")
       train_true<amp::fp16>(20);
-    else if (g_case == "half_grads")
+    else if (test_case::name == "half_grads")
       half_grads();
-    else if (g_case == "parity")
+    else if (test_case::name == "parity")
       parity();
-    else if (g_case == "inf")
+    else if (test_case::name == "inf")
       inf_one_rank();
-    else if (g_case == "accumulate")
+    else if (test_case::name == "accumulate")
       accumulate();
-    else if (g_case == "precision")
+    else if (test_case::name == "precision")
       precision();
-    else if (g_case == "mismatch")
+    else if (test_case::name == "mismatch")
       mismatch();
-    else if (g_case == "fit")
+    else if (test_case::name == "fit")
       fit_shards();
-    else if (g_case == "float8_rowwise")
+    else if (test_case::name == "float8_rowwise")
       float8_rowwise();
-    else if (g_case == "float8")
+    else if (test_case::name == "float8")
       float8_delayed();
-    else if (g_case == "train" && a.size() == 3)
+    else if (test_case::name == "train" && a.size() == 3)
       train_and_die(a[1], std::stoll(a[2]), "", -1);
-    else if (g_case == "die" && a.size() == 5)
+    else if (test_case::name == "die" && a.size() == 5)
       train_and_die(a[1], std::stoll(a[2]), a[3], std::stoll(a[4]));
-    else if (g_case == "rng_resume" && a.size() == 2)
+    else if (test_case::name == "rng_resume" && a.size() == 2)
       rng_resume(a[1]);
-    else if (g_case == "resume" && a.size() == 3)
+    else if (test_case::name == "resume" && a.size() == 3)
       resume(a[1], std::stoll(a[2]));
-    else if (g_case == "rendezvous_error" && a.size() == 2)
+    else if (test_case::name == "rendezvous_error" && a.size() == 2)
       rendezvous_error(a[1]);
     else
       fail("unknown case or arguments");

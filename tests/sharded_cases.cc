@@ -22,6 +22,7 @@
 
 #include "amp/detail/compat_float8.h"
 #include "amp/distributed.h"
+#include "process_case.h"
 #include "amp/optim/low_bit_adam.h"
 #include "amp/optim/state_bytes.h"
 #include "amp/scaler/dynamic_scaler.h"
@@ -30,27 +31,10 @@
 
 namespace {
 
-std::string g_case;
-int g_rank = -1;
-
-[[noreturn]] void fail(const std::string& why) {
-  std::cout << "FAIL " << g_case << " (rank " << g_rank << "): " << why << std::endl;
-  std::exit(1);
-}
-void check(bool ok, const std::string& why) {
-  if (!ok) fail(why);
-}
-
-std::chrono::milliseconds timeout() {
-  const char* v = std::getenv("AMP_DP_TIMEOUT_MS");
-  return std::chrono::milliseconds(v ? std::atol(v) : 20000);
-}
-
-amp::ProcessGroup init() {
-  auto pg = amp::init_process_group(amp::ProcessGroupOptions().timeout(timeout()).threads(1));
-  g_rank = pg.rank();
-  return pg;
-}
+using test_case::check;
+using test_case::fail;
+using test_case::init;
+using test_case::timeout;
 
 // Ten parameters of several sizes (so that 2, 3 and 4 ranks all own some).
 torch::nn::Sequential make_net(int64_t hidden = 32) {
@@ -122,8 +106,8 @@ void twin(const Options& options, int64_t steps, bool poison, double max_grad_no
   check(ta.scaler().get_scale() == tb.scaler().get_scale(), "the scales differ");
   same_on_every_rank(pg, param_bits(*b), "sharded parameters");
   check(opt_b.shard_numel() < amp::parameter_count(opt_b) || pg.world_size() == 1, "rank steps every parameter");
-  std::cout << "PASS " << g_case << " " << tb.precision << " world " << pg.world_size() << " skipped " << skipped
-            << " path '" << tb.optimizer_path() << "'" << std::endl;
+  std::cout << "PASS " << test_case::name << " " << tb.precision << " world " << pg.world_size() << " skipped "
+            << skipped << " path '" << tb.optimizer_path() << "'" << std::endl;
 }
 
 // The scaler on every line (fp32 gradients, Stepper<DynamicScaler>): an inf
@@ -158,7 +142,7 @@ void scaler_twin(const Options& options) {
   check(sb.scaler().get_scale() == scale0 * 0.5, "the scale did not back off once");
   check(torch::equal(param_bits(*a), param_bits(*b)), "the parameters differ from unsharded DataParallel");
   same_on_every_rank(pg, param_bits(*b), "sharded parameters");
-  std::cout << "PASS " << g_case << " world " << pg.world_size() << " path '" << sb.optimizer_path() << "'"
+  std::cout << "PASS " << test_case::name << " world " << pg.world_size() << " path '" << sb.optimizer_path() << "'"
             << std::endl;
 }
 
@@ -199,7 +183,7 @@ void precision() {
   const torch::Tensor plain = run(false), sharded = run(true);
   check(torch::equal(plain, sharded), "Precision's models differ from unsharded DataParallel");
   same_on_every_rank(pg, sharded, "sharded parameters");
-  std::cout << "PASS " << g_case << " world " << pg.world_size() << std::endl;
+  std::cout << "PASS " << test_case::name << " world " << pg.world_size() << std::endl;
 }
 
 // The training state per rank, counted: weights and gradients in full,
@@ -242,7 +226,7 @@ void memory() {
   std::printf(
       "PASS %s world %d: %lld parameters; per rank %.3f bytes/parameter (weights 4 + gradients 4 + state %.3f; "
       "unsharded 16); parameter all-gather %lld bytes per rank per step\n",
-      g_case.c_str(), pg.world_size(), static_cast<long long>(n),
+      test_case::name.c_str(), pg.world_size(), static_cast<long long>(n),
       8.0 + static_cast<double>(mine) / static_cast<double>(n), static_cast<double>(mine) / n,
       static_cast<long long>(opt_b.gathered_bytes()));
   std::fflush(stdout);
@@ -295,7 +279,7 @@ void ckpt_train(const std::string& path, int64_t k, const std::string& mode) {
     }
     pg.barrier();
   });
-  std::cout << "PASS " << g_case << " " << mode << " world " << pg.world_size() << std::endl;
+  std::cout << "PASS " << test_case::name << " " << mode << " world " << pg.world_size() << std::endl;
 }
 
 // The AdamW state of `net`'s parameters that `opt` holds equals, bitwise,
@@ -352,8 +336,9 @@ void ckpt_resume(const std::string& path, int64_t k, const std::string& mode) {
       check(torch::equal(got, expect), "resumed parameters differ from the uninterrupted run (bitwise)");
     same_on_every_rank(pg, got, "resumed parameters");
   });
-  std::cout << "PASS " << g_case << " " << mode << " world " << pg.world_size() << " from world " << saved_world
-            << (saved_world == pg.world_size() ? ": state and next steps bitwise" : ": state bitwise") << std::endl;
+  std::cout << "PASS " << test_case::name << " " << mode << " world " << pg.world_size() << " from world "
+            << saved_world << (saved_world == pg.world_size() ? ": state and next steps bitwise" : ": state bitwise")
+            << std::endl;
 }
 
 // Another model's checkpoint: an amp: error, and the trainer as it was.
@@ -379,7 +364,8 @@ void bad_load(const std::string& path) {
     trainer.save_state(after);
     check(before.str() == after.str(), "the trainer's state changed");
     train_steps(pg, net, trainer, 1);
-    std::cout << "PASS " << g_case << " (" << msg.substr(0, msg.find('\n')).substr(0, 120) << "...)" << std::endl;
+    std::cout << "PASS " << test_case::name << " (" << msg.substr(0, msg.find('\n')).substr(0, 120) << "...)"
+              << std::endl;
   });
 }
 
@@ -391,7 +377,7 @@ void lonely_save(const std::string& path) {
     train_steps(pg, net, trainer, 1);
     if (pg.rank() != 0) {
       std::this_thread::sleep_for(timeout() + std::chrono::seconds(2));
-      std::cout << "PASS " << g_case << std::endl;
+      std::cout << "PASS " << test_case::name << std::endl;
       return;
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -407,7 +393,7 @@ void lonely_save(const std::string& path) {
           "message: '" + msg + "'");
     check(secs < timeout().count() / 1000.0 + 2.0, "took " + std::to_string(secs) + " s");
     check(!std::ifstream(path).good(), "a file was written");
-    std::cout << "PASS " << g_case << " after " << secs << " s" << std::endl;
+    std::cout << "PASS " << test_case::name << " after " << secs << " s" << std::endl;
   });
 }
 
@@ -438,7 +424,8 @@ void fit() {
   const auto plain = run(false), sharded = run(true);
   check(!plain.first.empty() && plain.first == sharded.first, "the histories' losses differ");
   check(torch::equal(plain.second, sharded.second), "the parameters differ from unsharded DataParallel");
-  std::cout << "PASS " << g_case << " world " << pg.world_size() << " steps " << plain.first.size() << std::endl;
+  std::cout << "PASS " << test_case::name << " world " << pg.world_size() << " steps " << plain.first.size()
+            << std::endl;
 }
 
 // An Inner whose step() stops or kills the last rank at its 3rd step: after
@@ -450,8 +437,8 @@ struct DyingSGD : torch::optim::SGD {
   DyingSGD(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::SGDOptions o)
       : torch::optim::SGD(std::move(groups), o) {}
   torch::Tensor step(LossClosure closure = nullptr) override {
-    if (++g_die_steps == 3 && g_rank == std::atoi(std::getenv("WORLD_SIZE")) - 1) {
-      std::cout << "rank " << g_rank << " " << g_die_how << " in its local step" << std::endl;
+    if (++g_die_steps == 3 && test_case::rank == std::atoi(std::getenv("WORLD_SIZE")) - 1) {
+      std::cout << "rank " << test_case::rank << " " << g_die_how << " in its local step" << std::endl;
       std::raise(g_die_how == "kill" ? SIGKILL : SIGSTOP);
     }
     return torch::optim::SGD::step(closure);
@@ -477,7 +464,8 @@ void die_in_gather(const std::string& how) {
     const std::string msg = e.what_without_backtrace();
     check(msg.rfind("amp: ShardedOptimizer's parameter all-gather", 0) == 0, "message: " + msg);
     check(secs < timeout().count() / 1000.0 + 0.5, "took " + std::to_string(secs) + " s");
-    std::cout << "PASS " << g_case << " after " << secs << " s: " << msg.substr(0, msg.find('\n')) << std::endl;
+    std::cout << "PASS " << test_case::name << " after " << secs << " s: " << msg.substr(0, msg.find('\n'))
+              << std::endl;
     std::exit(3);  // a failed rank: tools/launch ends the stopped one
   }
   fail("no error");
@@ -489,43 +477,50 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   std::vector<std::string> a(argv + 1, argv + argc);
   if (a.empty()) fail("usage: sharded_test CASE [ARGS]");
-  g_case = a[0];
+  test_case::name = a[0];
   using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
   try {
-    if (g_case == "sgd")
+    if (test_case::name == "sgd")
       twin<Bf16, torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9), 12, false);
-    else if (g_case == "adam")
+    else if (test_case::name == "adam")
       twin<Bf16, torch::optim::Adam>(torch::optim::AdamOptions(1e-2), 12, false);
-    else if (g_case == "adamw")
+    else if (test_case::name == "adamw")
       twin<Bf16, torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2), 12, false);
-    else if (g_case == "adamw8bit")
+    else if (test_case::name == "adamw8bit")
       twin<Bf16, amp::AdamW8bit>(torch::optim::AdamWOptions(1e-2), 12, false);
-    else if (g_case == "fp16_inf") {
+    else if (test_case::name == "fp16_inf") {
       using Fp16 = amp::Mixed<amp::fp16, amp::DynamicScaler>;
       if constexpr (amp::is_supported_v<Fp16, amp::CPU>) {
         twin<Fp16, torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2), 12, true);
       } else {
         std::cout << "PASS fp16_inf (16-mixed on CPU needs LibTorch 2.3+; scaler_* cover the scaler here)" << std::endl;
       }
-    } else if (g_case == "scaler_sgd")
+    } else if (test_case::name == "float8") {
+#if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
+      // Delayed scaling's amaxes all-reduced through each DataParallel, as before.
+      twin<amp::Float8<amp::Delayed<4, 0>>, torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2), 8, false);
+#else
+      std::cout << "PASS float8 (Float8 on CPU needs LibTorch 2.8+)" << std::endl;
+#endif
+    } else if (test_case::name == "scaler_sgd")
       scaler_twin<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9));
-    else if (g_case == "scaler_adamw")
+    else if (test_case::name == "scaler_adamw")
       scaler_twin<torch::optim::AdamW>(torch::optim::AdamWOptions(1e-2));
-    else if (g_case == "precision")
+    else if (test_case::name == "precision")
       precision();
-    else if (g_case == "fit")
+    else if (test_case::name == "fit")
       fit();
-    else if (g_case == "die_in_gather" && a.size() == 2)
+    else if (test_case::name == "die_in_gather" && a.size() == 2)
       die_in_gather(a[1]);
-    else if (g_case == "memory")
+    else if (test_case::name == "memory")
       memory();
-    else if (g_case == "ckpt_train" && a.size() == 4)
+    else if (test_case::name == "ckpt_train" && a.size() == 4)
       ckpt_train(a[1], std::stoll(a[2]), a[3]);
-    else if (g_case == "ckpt_resume" && a.size() == 4)
+    else if (test_case::name == "ckpt_resume" && a.size() == 4)
       ckpt_resume(a[1], std::stoll(a[2]), a[3]);
-    else if (g_case == "bad_load" && a.size() == 2)
+    else if (test_case::name == "bad_load" && a.size() == 2)
       bad_load(a[1]);
-    else if (g_case == "lonely_save" && a.size() == 2)
+    else if (test_case::name == "lonely_save" && a.size() == 2)
       lonely_save(a[1]);
     else
       fail("unknown case or arguments");
