@@ -106,8 +106,12 @@ void twin(const Options& options, int64_t steps, bool poison, double max_grad_no
   check(ta.scaler().get_scale() == tb.scaler().get_scale(), "the scales differ");
   same_on_every_rank(pg, param_bits(*b), "sharded parameters");
   check(opt_b.shard_numel() < amp::parameter_count(opt_b) || pg.world_size() == 1, "rank steps every parameter");
+  // Inner's fused kernels where they serve Opt (LibTorch 2.4+ on CPU), as for the plain optimizer.
+  check(opt_b.local_fused() == (amp::fused_kind(opt_a, c10::DeviceType::CPU) != amp::FusedKind::kNone),
+        "the local step's path");
   std::cout << "PASS " << test_case::name << " " << tb.precision << " world " << pg.world_size() << " skipped "
-            << skipped << " path '" << tb.optimizer_path() << "'" << std::endl;
+            << skipped << " path '" << tb.optimizer_path() << "', local step "
+            << (opt_b.local_fused() ? "fused" : "unfused") << std::endl;
 }
 
 // The scaler on every line (fp32 gradients, Stepper<DynamicScaler>): an inf

@@ -209,6 +209,9 @@ class ShardedOptimizer : public torch::optim::Optimizer, public SupportsAmpScali
   // (amp::optimizer_state_bytes(opt.local()) counts it).
   Inner& local() { return *inner_; }
   const Inner& local() const { return *inner_; }
+  // Whether the fused path steps this rank's parameters with Inner's fused
+  // kernels (no host sync); else torch's unfused recipe (one found_inf read).
+  bool local_fused() const { return inner_fused_.has_value(); }
   // The rank that steps param group g's i-th parameter.
   int owner(size_t group, size_t index) const { return owner_.at(group).at(index); }
   // Parameter elements this rank steps.
