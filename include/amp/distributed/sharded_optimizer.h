@@ -28,6 +28,7 @@
 // every rank must call it, as amp::save_on_rank0 does. load() needs no peer.
 #pragma once
 
+#include <torch/optim/lbfgs.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
@@ -42,6 +43,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -103,6 +105,9 @@ class ShardedOptimizer : public torch::optim::Optimizer, public SupportsAmpScali
   static_assert(std::is_base_of_v<torch::optim::Optimizer, Inner>,
                 "amp: ShardedOptimizer<Inner> needs a torch::optim::Optimizer class, e.g. "
                 "amp::ShardedOptimizer<torch::optim::AdamW>");
+  static_assert(!std::is_base_of_v<torch::optim::LBFGS, Inner>,
+                "amp: ShardedOptimizer does not shard LBFGS (its closure re-evaluates the loss on every rank's "
+                "parameters); use torch::optim::LBFGS with DataParallel alone");
 
   using Factory = std::function<std::unique_ptr<Inner>(std::vector<torch::optim::OptimizerParamGroup>)>;
 
