@@ -194,9 +194,10 @@ TEST(OptimizerOptionsSnapshot, SeesLrAndOtherHyperparameterChanges) {
 
 // --- the captured kind of step, run eagerly ---------------------------------------
 
-// step_on_zeroed (gradients zeroed in place by the caller, as the graph does)
-// gives the same bits as step() (zero_grad()).
-TEST(StepOnZeroed, EqualsStep) {
+// A fixed state (Stepper::make_static): gradients zeroed in place, the same
+// tensors every step, and the same bits as plain steps (zero_grad()).
+TEST(StaticStepper, ZeroesGradientsInPlaceWithTheSameBits) {
+  if (!kFusedCpu) GTEST_SKIP() << "LibTorch < 2.4 has no fused CPU kernels";
   torch::manual_seed(3);
   auto a = std::make_shared<Net>();
   auto b = std::make_shared<Net>();
@@ -210,19 +211,25 @@ TEST(StepOnZeroed, EqualsStep) {
                                       amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.)));
   amp::Stepper<amp::DynamicScaler> sb(ob, amp::StepOptions().max_grad_norm(0.5),
                                       amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.)));
+  std::vector<const void*> grads;
   for (int i = 0; i < 6; ++i) {
     const auto x = torch::randn({32, 8}), y = torch::randn({32, 4});
     if (i == 3) x[0][0] = std::numeric_limits<float>::infinity();
     sa.step(torch::mse_loss(a->forward(x), y));
-    std::vector<at::Tensor> grads;
-    for (const auto& p : b->parameters())
-      if (p.grad().defined()) grads.push_back(p.grad());
-    if (!grads.empty()) at::_foreach_zero_(grads);
-    sb.step_on_zeroed(torch::mse_loss(b->forward(x), y));
+    sb.step(torch::mse_loss(b->forward(x), y));
+    if (i == 0) {
+      sb.make_static();
+      EXPECT_TRUE(sb.is_static());
+      for (const auto& p : b->parameters()) grads.push_back(p.grad().data_ptr());
+    }
   }
-  for (size_t i = 0; i < a->parameters().size(); ++i)
+  for (size_t i = 0; i < a->parameters().size(); ++i) {
     EXPECT_TRUE(torch::equal(a->parameters()[i], b->parameters()[i])) << "parameter " << i;
+    EXPECT_EQ(b->parameters()[i].grad().data_ptr(), grads[i]) << "gradient " << i << " was replaced";
+  }
   EXPECT_EQ(sa.scaler().get_scale(), sb.scaler().get_scale());
+  sb.reload_optimizer_state();
+  EXPECT_FALSE(sb.is_static());
 }
 
 // --- FusedStep::make_static -------------------------------------------------

@@ -4,7 +4,7 @@
 // update, one graph launch per step instead of hundreds of kernel launches.
 //
 //   amp::Trainer<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA> trainer(model, optimizer);
-//   auto step = trainer.capture([&](auto& region, const Batch& b) { return loss_of(model, b); }, example_batch);
+//   auto step = amp::capture(trainer, [&](auto& region, const Batch& b) { return loss_of(model, b); }, example);
 //   for (const Batch& b : batches) {
 //     amp::StepResult r = step(b);   // copies b into the graph's inputs, replays; no host sync
 //   }
@@ -12,7 +12,8 @@
 //
 // Capture: a few eager warm-up steps on a side stream (cuBLAS workspaces,
 // allocator, optimizer state), all undone from an in-memory snapshot of the
-// trainer, then one step recorded into a private memory pool with autocast's
+// trainer, then one trainer.step() recorded, with the Stepper's state fixed
+// (Stepper::make_static), into a private memory pool with autocast's
 // weight-cast cache off. Every tensor the step changes is updated in place
 // (parameters, optimizer state, step counters, scale), so N replays equal N
 // eager fused steps bit for bit, skips and scale changes included.
@@ -233,8 +234,10 @@ using DefaultRecorder = NoCudaRecorder;
 
 }  // namespace detail
 
-// The captured step of a Trainer (Trainer::capture). Move-only; the Trainer
-// must outlive it. Not thread-safe, as the Trainer.
+// The captured step of a Trainer (amp::capture). Move-only; the Trainer
+// must outlive it. Not thread-safe, as the Trainer. It drives the Trainer
+// through its public interface only: step(), stepper(), save_state() and
+// load_state(), parameter_device().
 template <class TrainerT, class F, class Batch, class Recorder = detail::DefaultRecorder>
 class CapturedStep {
   static_assert(std::is_same_v<typename TrainerT::device, CUDA> || !std::is_same_v<Recorder, detail::DefaultRecorder>,
@@ -292,7 +295,7 @@ class CapturedStep {
  private:
   void check_replayable() const {
     TORCH_CHECK(captured_, "amp: this step has no graph (its capture failed); call recapture()");
-    TORCH_CHECK(generation_ == trainer_->state_generation(),
+    TORCH_CHECK(tensors_ == graph_tensors(),
                 "amp: the tensors this step was captured with were replaced (by trainer.load(), or by another "
                 "capture() on this trainer, which undoes its warm-up from a snapshot); call recapture() before "
                 "replaying it");
@@ -302,17 +305,25 @@ class CapturedStep {
                 "recapture() after changing the optimizer");
   }
 
-  // One eager step of the captured kind: gradients zeroed in place (the graph
-  // keeps writing the same tensors), forward under the policy's region, the
-  // Stepper's backward and fused step, a Float8 recipe's update (in place).
+  // One step on the static inputs: the Trainer's own step (with a fixed
+  // state: gradients zeroed in place, the fused step on the same tensors).
   StepResult run_step() {
-    {
-      std::vector<at::Tensor> grads = current_grads();
-      if (!grads.empty()) at::_foreach_zero_(grads);
-    }
-    auto forward = [&](typename TrainerT::region_type& region) { return fn_(region, inputs_.buffers()); };
-    const at::Tensor loss = trainer_->forward(forward);
-    return trainer_->after_step(trainer_->stepper().step_on_zeroed(loss));
+    return trainer_->step([&](typename TrainerT::region_type& region) { return fn_(region, inputs_.buffers()); });
+  }
+
+  // What the graph reads and writes, by identity: the parameters' storage
+  // and the optimizer's state entries, which a load() or another capture
+  // replaces (host reads only, no sync).
+  std::vector<const void*> graph_tensors() const {
+    std::vector<const void*> ids;
+    const torch::optim::Optimizer& optimizer = trainer_->stepper().optimizer();
+    for (const auto& group : optimizer.param_groups())
+      for (const auto& p : group.params()) {
+        ids.push_back(p.data_ptr());
+        auto it = optimizer.state().find(detail::compat::optim_state_key(p.unsafeGetTensorImpl()));
+        ids.push_back(it == optimizer.state().end() ? nullptr : it->second.get());
+      }
+    return ids;
   }
 
   // The optimizer's parameters' gradients (those that have one).
@@ -356,7 +367,7 @@ class CapturedStep {
       result_ = recorder_.record([&] { return run_step(); });
       for (at::Tensor& g : current_grads()) keep_.push_back(g);  // the graph's own (its pool)
       trainer_->stepper().set_steps(steps);                      // recording ran no step
-      generation_ = trainer_->state_generation();
+      tensors_ = graph_tensors();
       captured_ = true;
     } catch (const std::exception& e) {
       const auto* error = dynamic_cast<const c10::Error*>(&e);
@@ -381,18 +392,26 @@ class CapturedStep {
   StepResult result_;
   detail::OptimizerOptionsSnapshot options_;
   std::vector<at::Tensor> keep_;  // tensors the graph writes that nothing else may own
-  uint64_t generation_ = 0;
+  std::vector<const void*> tensors_;  // graph_tensors() at capture
   int64_t replays_ = 0;
   bool captured_ = false;
 };
 
+// The whole training step of `trainer` recorded once in a CUDA graph and
+// replayed per batch: fn(region, batch) returns the loss, as for fit();
+// `example` is a batch of the shapes to record. (trainer.capture(fn, example) calls this.)
+template <class TrainerT, class F, class Batch>
+CapturedStep<TrainerT, std::decay_t<F>, Batch> capture(TrainerT& trainer, F&& fn, const Batch& example) {
+  return CapturedStep<TrainerT, std::decay_t<F>, Batch>(trainer, std::forward<F>(fn), example);
+}
+
 namespace detail {
-// Trainer::capture's maker (amp/train/trainer.h declares it; this header defines it).
+// Marks amp::capture as defined, for trainer.capture() (amp/train/trainer.h).
 template <class TrainerT>
 struct StepCapturer<TrainerT, void> {
   template <class F, class Batch>
-  static CapturedStep<TrainerT, std::decay_t<F>, Batch> make(TrainerT& trainer, F&& fn, const Batch& example) {
-    return CapturedStep<TrainerT, std::decay_t<F>, Batch>(trainer, std::forward<F>(fn), example);
+  static auto make(TrainerT& trainer, F&& fn, const Batch& example) {
+    return amp::capture(trainer, std::forward<F>(fn), example);
   }
 };
 }  // namespace detail

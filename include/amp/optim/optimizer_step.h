@@ -110,6 +110,7 @@ class OptimizerStep {
   }
   // FusedStep::make_static (callers check fused() first).
   void make_static() { fused_->make_static(); }
+  bool is_static() const { return fused_ && fused_->is_static(); }
 
   // The parameters of all param groups that have a gradient.
   std::vector<at::Tensor> parameters() const {

@@ -12,6 +12,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@ struct FitOptions {
   TORCH_ARG(std::string, checkpoint_path) = "";
   // Plain progress lines every N steps when stderr is not a terminal.
   TORCH_ARG(int64_t, log_every) = 50;
+  // This fit()'s progress output on or off; unset: TrainerOptions::progress.
+  TORCH_ARG(std::optional<bool>, progress) = std::nullopt;
 };
 
 // Per-optimizer-step metrics gathered by fit().

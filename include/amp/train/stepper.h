@@ -165,23 +165,21 @@ class Stepper {
   // One micro-batch: backward of the (scaled, accumulation-divided) loss; at
   // the accumulation boundary also unscale, clip, step or skip, update.
   // Gradients are zeroed at the start of each accumulation cycle.
+  // With a fixed state (make_static()), the gradients are zeroed in place
+  // rather than reset, so that every step writes the same tensors.
   StepResult step(const at::Tensor& loss) {
-    check_loss(loss);
-    if (micro_ == 0) part_.optimizer().zero_grad();
-    return backward_and_step(loss);
-  }
-
-  // step() for a caller that zeroed the gradients at the start of the
-  // accumulation cycle itself (a captured step zeroes them in place, inside
-  // its CUDA graph, where zero_grad() would reset them to undefined).
-  StepResult step_on_zeroed(const at::Tensor& loss) {
-    check_loss(loss);
+    detail::check_loss(loss, "", "the model's output inside the step function");
+    if (micro_ == 0) zero_grad();
     return backward_and_step(loss);
   }
 
  private:
-  static void check_loss(const at::Tensor& loss) {
-    detail::check_loss(loss, "", "the model's output inside the step function");
+  void zero_grad() {
+    if (!part_.is_static()) return part_.optimizer().zero_grad();
+    std::vector<at::Tensor> grads = part_.parameters();
+    for (at::Tensor& g : grads) g = g.grad();
+    at::NoGradGuard no_grad;
+    if (!grads.empty()) at::_foreach_zero_(grads);
   }
 
   StepResult backward_and_step(const at::Tensor& loss) {
@@ -243,13 +241,15 @@ class Stepper {
   // After optimizer.load(): the fused path rereads the optimizer's state.
   void reload_optimizer_state() { part_.reload_optimizer_state(); }
 
-  // The fused path's state made now and kept fixed (FusedStep::make_static),
-  // so that every step runs on the same tensors; for capture().
+  // A fixed state: the fused path's state made now and kept (FusedStep::make_static),
+  // gradients zeroed in place; every step then writes the same tensors, as a
+  // CUDA graph of the step needs (amp::capture). Until reload_optimizer_state().
   void make_static() {
     TORCH_CHECK(part_.fused(), "amp: make_static() needs the fused step, and this Stepper takes the ",
                 part_.optimizer_path(), " path");
     part_.make_static();
   }
+  bool is_static() const { return part_.is_static(); }
 
   // Installs (or, with nullptr, removes) the hook of multi-process training;
   // not owned, it must outlive the Stepper's steps.

@@ -95,8 +95,8 @@ decltype(auto) as_range(L& loader) {
   }
 }
 
-// What Trainer::capture makes: amp/capture/captured_step.h specializes this,
-// so a Trainer user who never captures does not compile the capture code.
+// trainer.capture() is amp::capture(trainer, ...), which amp/capture/captured_step.h
+// defines (and marks here), so a Trainer user who never captures does not compile it.
 template <class TrainerT, class = void>
 struct StepCapturer {
   static_assert(sizeof(TrainerT) == 0,
@@ -175,7 +175,7 @@ class Trainer {
       ~InFit() { flag = false; }
     } in_fit{in_fit_ = true};
     History history;
-    detail::Progress bar(options_.progress(), fo.max_steps(), precision, fo.log_every());
+    detail::Progress bar(fo.progress().value_or(options_.progress()), fo.max_steps(), precision, fo.log_every());
     bar.note(std::string("optimizer path: ") + optimizer_path());
     if constexpr (is_float8_v<Policy>) bar.note(float8::detail::describe(float8::coverage(*module_)));
     detail::PendingMetrics pending;
@@ -255,9 +255,8 @@ class Trainer {
     apply_or_roll_back(archive, "checkpoint '" + path + "'");
   }
 
-  // The whole training step recorded once in a CUDA graph and replayed per
-  // batch (amp/capture/captured_step.h, which must be included): fn(region,
-  // batch) returns the loss, as for fit(); `example` is a batch of the shapes to record.
+  // amp::capture(*this, fn, example): the whole training step recorded once
+  // in a CUDA graph and replayed per batch (amp/capture/captured_step.h).
   //   auto step = trainer.capture(fn, example);  amp::StepResult r = step(batch);
   template <class F, class Batch, class Self = Trainer>
   auto capture(F&& fn, const Batch& example) {
@@ -266,38 +265,14 @@ class Trainer {
 
   // The whole training state (model, optimizer, scaler, counters) written to
   // a stream, and read back: an in-memory checkpoint in save()'s format.
-  // load_state() replaces the model's and optimizer's tensors
-  // (state_generation() changes); on failure, as load(), nothing changes.
+  // load_state() replaces the model's and optimizer's tensors; on failure,
+  // as load(), nothing changes.
   void save_state(std::ostream& out) const { state_archive().save_to(out); }
   void load_state(std::istream& in) {
     torch::serialize::InputArchive archive;
     archive.load_from(in, parameter_device());
     apply_or_roll_back(archive, "the state");
   }
-  // Counts the times the model's and optimizer's tensors were replaced (by a
-  // load): what holds on to those tensors (a captured step) is stale after a change.
-  uint64_t state_generation() const { return generation_; }
-
-  // The region step() runs the forward in (the options' strict casts and linear routing).
-  region_type make_region() const { return region_type(options_.region()); }
-  // step()'s two halves, for a caller that runs the Stepper itself (a
-  // captured step): the loss of fn(region) under the policy's region (and a
-  // Float8 recipe's scales), and what follows the Stepper's step (a Float8
-  // recipe's update: delayed scaling's new scales and history roll).
-  template <class F>
-  at::Tensor forward(F& fn) {
-    static_assert(std::is_invocable_v<F&, region_type&>,
-                  "amp: the step function must take the region: [&](auto& region) { return loss; }");
-    region_type region = make_region();
-    [[maybe_unused]] auto float8 = float8_.bind();
-    return detail::explain_fp16_errors<Policy>([&] { return fn(region); });
-  }
-
-  StepResult after_step(StepResult r) {
-    if (r.boundary) float8_.update(detail::reduce_max_with(stepper_.gradient_sync()));
-    return r;
-  }
-
   // Where the model's parameters are.
   c10::Device parameter_device() const { return module_->parameters().front().device(); }
 
@@ -307,8 +282,6 @@ class Trainer {
   const scaler_type& scaler() const { return stepper_.scaler(); }
   torch::optim::Optimizer& optimizer() { return stepper_.optimizer(); }
   const TrainerOptions& options() const { return options_; }
-  // fit()'s progress output on or off (DataParallel::fit keeps it on rank 0 only).
-  void set_progress(bool on) { options_.progress(on); }
   // The step recipe after the forward (e.g. to install a GradientSync).
   Stepper<scaler_type>& stepper() { return stepper_; }
   const Stepper<scaler_type>& stepper() const { return stepper_; }
@@ -322,6 +295,23 @@ class Trainer {
   const float8::detail::TrainingState<detail::float8_recipe_t<Policy>>& float8_state() const { return float8_; }
 
  private:
+  // step()'s two halves: the loss of fn(region) under the policy's region
+  // (and a Float8 recipe's scales), and what follows the Stepper's step (a
+  // Float8 recipe's update: delayed scaling's new scales and history roll).
+  template <class F>
+  at::Tensor forward(F& fn) {
+    static_assert(std::is_invocable_v<F&, region_type&>,
+                  "amp: the step function must take the region: [&](auto& region) { return loss; }");
+    region_type region(options_.region());
+    [[maybe_unused]] auto float8 = float8_.bind();
+    return detail::explain_fp16_errors<Policy>([&] { return fn(region); });
+  }
+
+  StepResult after_step(StepResult r) {
+    if (r.boundary) float8_.update(detail::reduce_max_with(stepper_.gradient_sync()));
+    return r;
+  }
+
   // The scale as a tensor without a sync where the scaler has one (torch's
   // _get_scale_async); else its get_scale() (a user-defined scaler).
   at::Tensor scale_tensor() const {
@@ -334,9 +324,11 @@ class Trainer {
 
   CheckpointCounters counters() const { return CheckpointCounters{steps(), epoch_, batch_in_epoch_}; }
 
-  // A step loop's progress: fit()'s line, every progress_every optimizer steps.
+  // A step loop's progress: fit()'s line, every progress_every optimizer
+  // steps. None with a fixed state (Stepper::make_static), whose step may be
+  // under a CUDA graph's recording, where nothing may be read on the host.
   StepResult report(StepResult r) {
-    if (in_fit_ || !options_.progress() || !r.boundary) return r;
+    if (in_fit_ || !options_.progress() || !r.boundary || stepper_.is_static()) return r;
     if (!loop_bar_) {
       TORCH_CHECK(options_.progress_every() >= 1, "amp: TrainerOptions::progress_every must be >= 1, got ",
                   options_.progress_every());
@@ -379,7 +371,6 @@ class Trainer {
       Stepper<scaler_type>& s;
       ~Reload() { s.reload_optimizer_state(); }
     } reload{stepper_};
-    ++generation_;  // the model's and optimizer's tensors are replaced, even by a failed apply
     // The generators' entries checked before anything changes.
     std::optional<detail::RngStates> rng;
     at::Tensor epoch_start;
@@ -424,7 +415,6 @@ class Trainer {
   int64_t batch_in_epoch_ = 0;
   at::Tensor epoch_start_rng_;  // fit(): the CPU generator's state as this epoch began
   at::Tensor resume_rng_;       // after a mid-epoch load(): the checkpoint's, for fit() once it has skipped
-  uint64_t generation_ = 0;     // counts apply()s (state_generation())
   bool in_fit_ = false;
   std::unique_ptr<detail::Progress> loop_bar_;  // a step loop's progress (report())
   detail::PendingMetrics loop_pending_;
