@@ -1,4 +1,4 @@
-// examples/dcgan.cc: a small DCGAN trained by amp::Precision on CPU: a
+// examples/dcgan.cc: a small DCGAN trained by amp::Fabric on CPU: a
 // generator and a discriminator, each with its own Adam, one precision object
 // (the shape of torch's "several models and optimizers" AMP recipe and of
 // Lightning Fabric). The precision is the first argument, bf16-mixed by
@@ -84,10 +84,10 @@ void train(int64_t iterations) {
   torch::optim::Adam opt_d(disc->parameters(), torch::optim::AdamOptions(2e-3).betas({0.5, 0.999}));
 
   // One policy for both models (and under 16-mixed one GradScaler for both optimizers).
-  amp::Precision<Policy, amp::CPU> prec;
+  amp::Fabric<Policy, amp::CPU> prec;
   prec.setup(gen, opt_g);
   prec.setup(disc, opt_d);
-  std::printf("dcgan: %s, generator %s, discriminator %s\n", prec.precision, prec.optimizer_path(opt_g).c_str(),
+  std::printf("dcgan: %s, generator %s, discriminator %s\n", prec.precision_name, prec.optimizer_path(opt_g).c_str(),
               prec.optimizer_path(opt_d).c_str());
 
   const int64_t print_every = std::max<int64_t>(1, iterations / 6);
@@ -118,7 +118,7 @@ void train(int64_t iterations) {
 
   prec.save("dcgan.pt");  // both models, both optimizers, the scaler, the iteration count; atomic
   prec.load("dcgan.pt");
-  std::printf("checkpoint dcgan.pt: %lld iterations\n", static_cast<long long>(prec.steps()));
+  std::printf("checkpoint dcgan.pt: %lld iterations\n", static_cast<long long>(prec.iterations()));
   if constexpr (amp::policy_traits<Policy>::uses_loss_scaling)
     std::printf("loss scale %g\n", prec.scaler().get_scale());
 }

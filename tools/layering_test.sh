@@ -8,7 +8,7 @@
 #   scaler       NoScaler, StaticScaler, DynamicScaler (LossScalerBase), state dicts
 #   precision    Autocast, AllowTF32, StrictCasts, linear routing, Region
 #   float8       float8 scaling recipes and the float8 linear
-#   train        Stepper, History, checkpoints, Trainer, Precision
+#   train        Stepper, History, checkpoints, Trainer, Fabric
 #   capture      CapturedStep: the step as a CUDA graph
 #   distributed  ProcessGroup, DataParallel (c10d)
 #   (umbrella)   amp.h, distributed.h, testing.h

@@ -36,10 +36,10 @@
 #include "amp/float8/linear.h"
 #include "amp/float8/policy.h"
 #include "amp/float8/recipe.h"
-// train: Stepper, Trainer, Precision, checkpoints, history
+// train: Stepper, Trainer, Fabric, checkpoints, history
 #include "amp/train/checkpoint.h"
 #include "amp/train/history.h"
-#include "amp/train/precision.h"
+#include "amp/train/fabric.h"
 #include "amp/train/stepper.h"
 #include "amp/train/trainer.h"
 // capture: the step as a CUDA graph

@@ -9,7 +9,7 @@ struct Net : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) { return x; }
 };
 
-using P = amp::Precision<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
+using P = amp::Fabric<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
 
 // The passing twin: the same model, not const.
 void passing(P& prec, Net& model) { prec.setup(model); }

@@ -28,7 +28,7 @@
 //   trainer-64-true         Trainer<True<fp64>> + Adam (fused) vs model.to(float64) + Adam(fused=True)
 //   gan-d-bf16-mixed        the discriminator run above with Adam (fused) vs Adam(fused=True)
 // The GradScalers back off (fp16 overflow) and grow within the run.
-// Two models and two optimizers under one policy (amp::Precision; a small GAN,
+// Two models and two optimizers under one policy (amp::Fabric; a small GAN,
 // 300 iterations, each logged as two steps: 2i the discriminator's loss, 2i+1
 // the generator's; the final parameters are G's then D's):
 //   precision-bf16-mixed-gan-unfused   (every LibTorch) bf16-mixed, SGD for both, G clipped to norm 1,
@@ -220,7 +220,7 @@ void autocast_gan_run(Log& log, const Data& data, const std::string& name) {
   log.save(*d);
 }
 
-// The GAN of the Precision runs, with functional torch::linear (gan_run above
+// The GAN of the Fabric runs, with functional torch::linear (gan_run above
 // checks nn::Linear modules called twice per step, through linear routing).
 struct Mlp : torch::nn::Module {
   Mlp(int64_t in, int64_t hidden, int64_t out) {
@@ -239,7 +239,7 @@ struct Mlp : torch::nn::Module {
 double d_poison(int i) { return i % 50 == 10 ? std::numeric_limits<double>::infinity() : 1.0; }
 double g_poison(int i) { return i % 50 == 35 ? std::numeric_limits<double>::infinity() : 1.0; }
 
-// One Precision run: G (16 -> 64 -> 32) and D (32 -> 64 -> 1), each with its optimizer.
+// One Fabric run: G (16 -> 64 -> 32) and D (32 -> 64 -> 1), each with its optimizer.
 template <class Policy, class Dev, class OptG, class OptD, class OptionsG, class OptionsD, class... Scaler>
 void precision_run(Log& log, torch::Device device, const std::string& name, const OptionsG& og, const OptionsD& od,
                    bool fused, bool poison, Scaler&&... scaler) {
@@ -254,7 +254,7 @@ void precision_run(Log& log, torch::Device device, const std::string& name, cons
   const auto real = (torch::randn({kSteps, 64, 32}) * 0.5 + 1.0).to(device);
   OptG opt_g(gen->parameters(), og);
   OptD opt_d(disc->parameters(), od);
-  amp::Precision<Policy, Dev> prec(amp::PrecisionOptions(), std::forward<Scaler>(scaler)...);
+  amp::Fabric<Policy, Dev> prec(amp::FabricOptions(), std::forward<Scaler>(scaler)...);
   prec.setup(gen, opt_g, amp::StepOptions().max_grad_norm(1.0).fused(fused));
   prec.setup(disc, opt_d, amp::StepOptions().fused(fused));
   if (prec.fused(opt_g) != fused || prec.fused(opt_d) != fused)

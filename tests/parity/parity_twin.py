@@ -255,7 +255,7 @@ def main(out, device):
               + (f"scale backed off {backoffs}x, grew {growths}x, final {scales[-1]:g}"
                  + ("" if exercised else " (a scaled run must both back off and grow)") if scaled else "unscaled"))
     if device == "cuda":
-        # Python -> C++: a GradScaler state as torch.save writes it (read by tests/scaler_test.cc's twin file).
+        # Python -> C++: a GradScaler state as torch.save writes it (read by tests/scaler/scaler_test.cc's twin file).
         s = torch.amp.GradScaler("cuda", init_scale=1024.0, growth_factor=3.0, growth_interval=7)
         w = torch.zeros(2, device="cuda", requires_grad=True)
         o = torch.optim.SGD([w], lr=0.1)

@@ -391,7 +391,7 @@ class CapturedStep {
   Recorder recorder_;
   StepResult result_;
   detail::OptimizerOptionsSnapshot options_;
-  std::vector<at::Tensor> keep_;  // tensors the graph writes that nothing else may own
+  std::vector<at::Tensor> keep_;      // tensors the graph writes that nothing else may own
   std::vector<const void*> tensors_;  // graph_tensors() at capture
   int64_t replays_ = 0;
   bool captured_ = false;

@@ -145,7 +145,7 @@ struct has_discard_iteration<S, std::void_t<decltype(std::declval<S&>().discard_
 template <class S>
 struct scaler_capabilities {
   // at::Tensor found_inf() const: the last step's inf/NaN flag on the device;
-  // Stepper and Precision report skips without a host sync.
+  // Stepper and Fabric report skips without a host sync.
   static constexpr bool found_inf = detail::has_found_inf<S>::value;
   // at::Tensor get_scale_async() const: the scale on the device (torch's
   // _get_scale_async); fit() records it without a host sync.

@@ -382,7 +382,7 @@ class DiscardBuffer : public std::streambuf {
   std::streamsize xsputn(const char*, std::streamsize n) override { return n; }
 };
 
-// Whether trainer (a Trainer or a Precision) has an optimizer whose save()
+// Whether trainer (a Trainer or a Fabric) has an optimizer whose save()
 // every rank must call (amp/distributed/sharded_optimizer.h).
 template <class T>
 bool has_collective_save(const T& trainer) {

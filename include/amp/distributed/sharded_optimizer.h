@@ -137,7 +137,7 @@ class ShardedOptimizer : public torch::optim::Optimizer, public SupportsAmpScali
     return at::Tensor();
   }
 
-  // The fused path (Trainer, Stepper, Precision take it): Inner's fused
+  // The fused path (Trainer, Stepper, Fabric take it): Inner's fused
   // kernels with grad_scale/found_inf where they serve it (FusedStep), else
   // torch's unfused recipe for this rank's gradients (unscale, then a host
   // read of found_inf to skip); then the all-gather.

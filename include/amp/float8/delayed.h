@@ -196,7 +196,7 @@ inline at::Tensor delayed_linear(const at::Tensor& input, const at::Tensor& weig
   const DelayedScaling* scaling = current_delayed_scaling();
   TORCH_CHECK(scaling != nullptr,
               "amp: a float8 linear with delayed scaling ran, but no DelayedScaling is bound on this thread; "
-              "amp::Trainer and amp::Precision bind theirs, and with a Region of your own bind one with "
+              "amp::Trainer and amp::Fabric bind theirs, and with a Region of your own bind one with "
               "amp::float8::DelayedLinearGuard guard(scaling)");
   const DelayedSlots* slots = scaling->slots_of(weight);
   TORCH_CHECK(slots != nullptr, "amp: a linear's weight ", weight.sizes(),

@@ -1,5 +1,5 @@
 // amp/float8/policy.h: what the policy amp::Float8<Recipe> does in a Region,
-// a Trainer and a Precision.
+// a Trainer and a Fabric.
 //
 //   amp::Trainer<amp::Float8<amp::Tensorwise>, amp::CPU> trainer(model, opt);   // or amp::Delayed<16>
 //   trainer.step([&](auto&) { return loss_fn(model->forward(x), y); });
@@ -54,7 +54,7 @@ inline Coverage coverage(const torch::nn::Module& model) {
   return out;
 }
 
-namespace detail {  // what Trainer and Precision use
+namespace detail {  // what Trainer and Fabric use
 
 // "float8: 3 linears, 1 kept in bf16 (head [10, 64])".
 inline std::string describe(const Coverage& c) {
@@ -186,7 +186,7 @@ struct Float8RegionGuard<RowwiseWithGwHp> {
 };
 
 // Region<Float8<Delayed<...>>, D>: the routed linears run with the scales of
-// the DelayedScaling bound on this thread (a Trainer's or Precision's, or a
+// the DelayedScaling bound on this thread (a Trainer's or Fabric's, or a
 // float8::DelayedLinearGuard of one's own); none bound is an amp: error at the
 // first fitting linear.
 template <int H, int M>

@@ -102,7 +102,7 @@ class FusedStep {
     for (size_t g = 0; g < calls.size(); ++g) {
       const torch::optim::OptimizerOptions& options = optimizer_->param_groups()[g].options();
       for (detail::fused::Call& call : calls[g]) {
-        if (kind_ == FusedKind::kSGD) {
+        if (kind_ == FusedKind::kSgd) {
           run_sgd(static_cast<const torch::optim::SGDOptions&>(options), call, flags);
         } else {
           run_adam(kind_ == FusedKind::kAdam ? detail::fused::adam_hyper<torch::optim::AdamOptions>(options)
@@ -134,7 +134,7 @@ class FusedStep {
     std::vector<std::pair<c10::Device, std::vector<c10::TensorImpl*>>> owners;
     std::vector<std::vector<at::Tensor>> values;
     for (auto& r : records_) {
-      const at::Tensor& value = kind_ == FusedKind::kSGD ? r.second.pending : r.second.step;
+      const at::Tensor& value = kind_ == FusedKind::kSgd ? r.second.pending : r.second.step;
       if (!value.defined()) continue;
       size_t d = 0;
       while (d < owners.size() && owners[d].first != value.device()) ++d;
@@ -179,7 +179,7 @@ class FusedStep {
     std::vector<detail::fused::Call> calls;
     for (size_t g = 0; g < optimizer_->param_groups().size(); ++g) gather(g, /*has_found_inf=*/true, calls);
     made_.clear();
-    if (kind_ == FusedKind::kSGD) {
+    if (kind_ == FusedKind::kSgd) {
       for (auto& r : records_)
         if (r.second.made_here && !r.second.pending.defined()) {
           const at::Tensor& buf = static_cast<torch::optim::SGDParamState*>(r.second.state)->momentum_buffer();
@@ -248,7 +248,7 @@ class FusedStep {
           gather_adam<torch::optim::AdamWParamState>(
               p, grad, static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad(), g, i, calls);
           break;
-        case FusedKind::kSGD:
+        case FusedKind::kSgd:
           gather_sgd(p, grad, static_cast<const torch::optim::SGDOptions&>(group.options()).momentum() != 0.0,
                      has_found_inf, g, i, calls);
           break;

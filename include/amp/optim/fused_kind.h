@@ -7,7 +7,7 @@
 
 namespace amp {
 
-enum class FusedKind { kNone, kAdam, kAdamW, kSGD, kOptimizer };
+enum class FusedKind { kNone, kAdam, kAdamW, kSgd, kOptimizer };
 
 namespace detail {
 inline const char* fused_kind_name(FusedKind kind) {
@@ -16,7 +16,7 @@ inline const char* fused_kind_name(FusedKind kind) {
       return "Adam";
     case FusedKind::kAdamW:
       return "AdamW";
-    case FusedKind::kSGD:
+    case FusedKind::kSgd:
       return "SGD";
     case FusedKind::kOptimizer:
       return "the optimizer's own";

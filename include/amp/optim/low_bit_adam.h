@@ -16,7 +16,7 @@
 // not a multiple of the block size, keep plain states in the parameter's
 // dtype (torchao's rule, after bitsandbytes). The step takes GradScaler's
 // grad_scale/found_inf on the device (SupportsAmpScaling): under amp's
-// Trainer, Stepper and Precision a skipped step costs no host sync.
+// Trainer, Stepper and Fabric a skipped step costs no host sync.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -1,5 +1,5 @@
 // amp/optim/optimizer_step.h: one optimizer's part of torch's AMP recipe after
-// backward, shared by Stepper (one optimizer) and Precision (several under one scaler).
+// backward, shared by Stepper (one optimizer) and Fabric (several under one scaler).
 //
 //   amp::detail::OptimizerStep<amp::DynamicScaler> part(optimizer, /*fused=*/true, /*max_grad_norm=*/1.0, 2.0);
 //   part.run(scaler);     // scaler.unscale_(opt); clip; scaler.step(opt) (fused where eligible)

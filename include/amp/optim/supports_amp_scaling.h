@@ -7,7 +7,7 @@
 //   scaler.step(my_optimizer, fused);        // no host sync; a skip decided on the device
 //
 // amp's low-bit optimizers (optim/low_bit_adam.h) implement it; FusedStep,
-// and so Trainer, Stepper and Precision, take it as their sync-free path.
+// and so Trainer, Stepper and Fabric, take it as their sync-free path.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -16,7 +16,7 @@
 // So nested guards behave as nested `with` blocks, and an exception leaving the
 // scope restores everything (the destructor runs during unwinding).
 //
-// Thread-locality (measured on LibTorch 1.13, CPU; tests/autocast_test.cc
+// Thread-locality (measured on LibTorch 1.13, CPU; tests/precision/autocast_test.cc
 // checks it): the enabled flags (dispatch-key TLS), the dtypes, the cache flag,
 // the nesting counter and the cast cache are all per thread. A guard in one
 // thread does not change the dtype of ops in another, and a new std::thread

@@ -166,7 +166,7 @@ decltype(auto) full_precision_arg(T&& x, c10::DeviceType device) {
 
 // What a region does besides autocasting: the options every entry point that
 // makes regions takes (Region itself, TrainerOptions::region,
-// PrecisionOptions::region), so each is honoured wherever a region is made.
+// FabricOptions::region), so each is honoured wherever a region is made.
 struct RegionOptions {
   // What a raw x.to(torch::kHalf / kBFloat16) in a Mixed region does
   // (amp/precision/strict_casts.h): kThrow, kWarn or kOff.

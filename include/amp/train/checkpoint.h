@@ -12,7 +12,7 @@
 // policy adds "float8" (amp/float8/policy.h), and the random generators'
 // states are under "amp/rng/" (train/rng_state.h). Trainer::save and
 // Trainer::load use these; load() rolls back on any failure. Several models
-// and optimizers (Precision::save) instead have "amp/models" and
+// and optimizers (Fabric::save) instead have "amp/models" and
 // "amp/optimizers" (their counts) and "model_<i>", "optimizer_<i>" in setup order.
 #pragma once
 

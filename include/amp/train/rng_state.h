@@ -72,7 +72,7 @@ inline std::optional<RngStates> read_rng(torch::serialize::InputArchive& archive
     TORCH_CHECK(t.defined() && t.scalar_type() == at::kByte && t.dim() == 1 && t.numel() == now.numel(), "amp: the ",
                 "checkpoint's random-generator entry '", key, "' is not a generator state of this LibTorch (",
                 now.numel(), " bytes expected); to load the rest, turn the entry off (TrainerOptions or ",
-                "PrecisionOptions: .rng_state(false)) and keep this process's generators");
+                "FabricOptions: .rng_state(false)) and keep this process's generators");
     t = t.to(at::kCPU).contiguous();
   };
   check(s.cpu, cpu_rng_state(), prefix + "cpu");

@@ -2,7 +2,7 @@
 //
 //   amp::Stepper<amp::DynamicScaler> stepper(optimizer, amp::StepOptions().max_grad_norm(1.0));
 //   auto r = stepper.step(loss);     // scaled backward; at the boundary: unscale, clip, step/skip, update
-//   if (r.boundary && r.skipped()) { /* inf/NaN gradients: optimizer step skipped, scale backed off */ }
+//   if (r.optimizer_step && r.skipped()) { /* inf/NaN gradients: optimizer step skipped, scale backed off */ }
 //
 // This is the part of Trainer that does not depend on autocast: torch's AMP
 // recipe (scale(loss).backward(); unscale_; clip_grad_norm_; step; update)
@@ -30,7 +30,7 @@ namespace amp {
 
 // How each optimizer step is taken: clipping, accumulation, the fused path.
 // The Stepper's options, TrainerOptions::step (its setters spell them too)
-// and, per optimizer, Precision::setup's.
+// and, per optimizer, Fabric::setup's.
 struct StepOptions {
   // Clip the gradients' total norm to this value after unscaling (0 = off),
   // as torch's recipe: scaler.unscale_(opt); clip_grad_norm_(...); scaler.step(opt).
@@ -79,14 +79,14 @@ inline void write_rng(torch::serialize::OutputArchive& archive, const GradientSy
   }
 }
 inline std::string rng_prefix(const GradientSync* sync) { return sync != nullptr ? sync->rng_prefix() : "amp/rng/"; }
-// T has a Stepper (a Trainer), not a GradientSync of its own (a Precision).
+// T has a Stepper (a Trainer), not a GradientSync of its own (a Fabric).
 template <class T, class = void>
 struct has_stepper : std::false_type {};
 template <class T>
 struct has_stepper<T, std::void_t<decltype(std::declval<T&>().stepper().set_gradient_sync(nullptr))>> : std::true_type {
 };
 
-// The GradientSync a Trainer's Stepper or a Precision has installed (nullptr: none).
+// The GradientSync a Trainer's Stepper or a Fabric has installed (nullptr: none).
 template <class T>
 GradientSync* gradient_sync_of(const T& trainer) {
   if constexpr (has_stepper<T>::value) {
@@ -109,7 +109,7 @@ inline void check_accumulation(const torch::optim::Optimizer& opt, int64_t accum
 }
 
 // The checks on a loss before its backward, for the Stepper (who: "") and
-// Precision::backward (who: "backward(): "); hint: where to compute it.
+// Fabric::backward (who: "backward(): "); hint: where to compute it.
 inline void check_loss(const at::Tensor& loss, const char* who, const char* hint) {
   TORCH_CHECK(loss.defined(), "amp: ", who, "the loss is an undefined tensor; return the loss tensor");
   TORCH_CHECK(loss.numel() == 1, "amp: ", who, "the loss must have one element, got shape ", loss.sizes(),
@@ -138,12 +138,12 @@ inline void validate(const StepOptions& o) {
 // What one call of step() did. Tensors, so that no host sync is forced;
 // the accessors that return C++ values do sync.
 struct StepResult {
-  at::Tensor loss;        // detached; at a boundary, the mean over the accumulated micro-batches
-  at::Tensor found_inf;   // 0-dim float, 1 if the step was skipped; undefined if no check was made
-  bool boundary = false;  // an optimizer step (or skip) happened in this call
+  at::Tensor loss;              // detached; at an optimizer step, the mean over the accumulated micro-batches
+  at::Tensor found_inf;         // 0-dim float, 1 if the step was skipped; undefined if no check was made
+  bool optimizer_step = false;  // this call ended an accumulation cycle: the optimizer stepped, or skipped
 
   double loss_value() const { return loss.item<double>(); }
-  bool skipped() const { return boundary && found_inf.defined() && found_inf.item<double>() != 0.0; }
+  bool skipped() const { return optimizer_step && found_inf.defined() && found_inf.item<double>() != 0.0; }
 };
 
 template <class Scaler>

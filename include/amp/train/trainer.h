@@ -116,7 +116,7 @@ class Trainer {
   using traits = policy_traits<Policy>;
   using scaler_type = typename traits::scaler_type;
   using region_type = Region<Policy, Device>;
-  static constexpr const char* precision = traits::name;
+  static constexpr const char* precision_name = traits::name;  // "bf16-mixed", as precision_name<P>()
 
   // `model`: a ModuleHolder (torch::nn::Linear, a TORCH_MODULE), a
   // std::shared_ptr<Module>, or a non-const Module& (LibTorch's `Net model;`),
@@ -175,7 +175,7 @@ class Trainer {
       ~InFit() { flag = false; }
     } in_fit{in_fit_ = true};
     History history;
-    detail::Progress bar(fo.progress().value_or(options_.progress()), fo.max_steps(), precision, fo.log_every());
+    detail::Progress bar(fo.progress().value_or(options_.progress()), fo.max_steps(), precision_name, fo.log_every());
     bar.note(std::string("optimizer path: ") + optimizer_path());
     if constexpr (is_float8_v<Policy>) bar.note(float8::detail::describe(float8::coverage(*module_)));
     detail::PendingMetrics pending;
@@ -209,7 +209,7 @@ class Trainer {
           detail::set_state_of(at::detail::getDefaultCPUGenerator(), std::exchange(resume_rng, {}));
         StepResult r = step([&](region_type& region) { return fn(region, batch); });
         ++batch_in_epoch_;
-        if (!r.boundary) continue;
+        if (!r.optimizer_step) continue;
         StepMetrics m;
         m.step = steps();
         m.epoch = epoch_;
@@ -251,7 +251,7 @@ class Trainer {
   // policy, and a truncated or corrupt file; on any failure the trainer
   // (model, optimizer, scaler, counters) is left exactly as it was.
   void load(const std::string& path) {
-    torch::serialize::InputArchive archive = detail::open_checkpoint(path, parameter_device(), precision);
+    torch::serialize::InputArchive archive = detail::open_checkpoint(path, parameter_device(), precision_name);
     apply_or_roll_back(archive, "checkpoint '" + path + "'");
   }
 
@@ -308,7 +308,7 @@ class Trainer {
   }
 
   StepResult after_step(StepResult r) {
-    if (r.boundary) float8_.update(detail::reduce_max_with(stepper_.gradient_sync()));
+    if (r.optimizer_step) float8_.update(detail::reduce_max_with(stepper_.gradient_sync()));
     return r;
   }
 
@@ -328,11 +328,11 @@ class Trainer {
   // steps. None with a fixed state (Stepper::make_static), whose step may be
   // under a CUDA graph's recording, where nothing may be read on the host.
   StepResult report(StepResult r) {
-    if (in_fit_ || !options_.progress() || !r.boundary || stepper_.is_static()) return r;
+    if (in_fit_ || !options_.progress() || !r.optimizer_step || stepper_.is_static()) return r;
     if (!loop_bar_) {
       TORCH_CHECK(options_.progress_every() >= 1, "amp: TrainerOptions::progress_every must be >= 1, got ",
                   options_.progress_every());
-      loop_bar_ = std::make_unique<detail::Progress>(true, -1, precision, options_.progress_every());
+      loop_bar_ = std::make_unique<detail::Progress>(true, -1, precision_name, options_.progress_every());
       loop_bar_->note(std::string("optimizer path: ") + optimizer_path());
     }
     StepMetrics m;
@@ -350,7 +350,7 @@ class Trainer {
   torch::serialize::OutputArchive state_archive() const {
     stepper_.sync_optimizer_state();  // the fused path's device step counters, into optimizer.state()
     torch::serialize::OutputArchive archive =
-        detail::checkpoint_archive(precision, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
+        detail::checkpoint_archive(precision_name, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
     float8_.write(archive);
     if (options_.rng_state()) {
       detail::write_rng(archive, stepper_.gradient_sync());

@@ -59,7 +59,7 @@ inline FusedKind kind_of_class(const torch::optim::Optimizer& optimizer) {
   const std::type_info& type = typeid(optimizer);
   if (type == typeid(torch::optim::Adam)) return FusedKind::kAdam;
   if (type == typeid(torch::optim::AdamW)) return FusedKind::kAdamW;
-  if (type == typeid(torch::optim::SGD)) return FusedKind::kSGD;
+  if (type == typeid(torch::optim::SGD)) return FusedKind::kSgd;
   return FusedKind::kNone;
 }
 
@@ -87,7 +87,7 @@ inline bool dtype_supported(c10::ScalarType dtype) {
 // words; "" when none is known.
 inline std::string known_bad(FusedKind kind, const at::Tensor& p) {
   const bool half = p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16;
-  if (kind == FusedKind::kSGD && p.device().is_cpu() && half && !compat::kCpuFusedSgdUpdatesHalfTypes) {
+  if (kind == FusedKind::kSgd && p.device().is_cpu() && half && !compat::kCpuFusedSgdUpdatesHalfTypes) {
     return std::string("it is ") + c10::toString(p.scalar_type()) +
            ", and ATen's CPU fused SGD leaves fp16/bf16 parameters partly un-updated (pytorch#191763)";
   }
@@ -294,7 +294,7 @@ struct Record {
 // a graph may still write it).
 template <class StateMap>
 bool settle(FusedKind kind, bool is_static, Record& r, float value, StateMap& state) {
-  if (kind == FusedKind::kSGD) {
+  if (kind == FusedKind::kSgd) {
     if (value != 0.f) {
       r.made_here = false;
       if (!is_static) r.pending = at::Tensor();  // static: the flag tensor stays, a graph rereads it

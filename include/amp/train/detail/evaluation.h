@@ -1,5 +1,5 @@
 // amp/train/detail/evaluation.h: evaluation under a policy, for Trainer::evaluate
-// and Precision::evaluate.
+// and Fabric::evaluate.
 //
 //   auto acc = amp::detail::evaluate<amp::Region<P, amp::CPU>>({model.get()}, amp::RegionOptions(),
 //                                                              [&](auto&) { return f(); });

@@ -1,4 +1,4 @@
-// amp/train/detail/fp16_pitfalls.h: what Trainer and Precision tell a user of an
+// amp/train/detail/fp16_pitfalls.h: what Trainer and Fabric tell a user of an
 // fp16 policy that LibTorch does not.
 //
 //   amp::detail::warn_if_slow_fp16<Policy, Device>("Trainer");   // at construction

@@ -1,5 +1,5 @@
 // amp/train/detail/model_setup.h: the checks and conversions that Trainer and
-// Precision make when they take a model and its optimizer.
+// Fabric make when they take a model and its optimizer.
 //
 //   auto module = amp::detail::as_module(model);                           // ModuleHolder, shared_ptr or Module&
 //   amp::detail::check_optimizer<Policy>(optimizer);                       // LBFGS + loss scaling, fp16 eps
@@ -30,7 +30,7 @@ namespace detail {
 
 // A model passed as a non-const Module& that no std::shared_ptr owns (the
 // `Net model;` of LibTorch's examples) is held without ownership: it must
-// outlive whatever holds it (the Trainer, the Precision).
+// outlive whatever holds it (the Trainer, the Fabric).
 template <class M>
 std::shared_ptr<torch::nn::Module> as_module(M&& model) {
   using T = std::decay_t<M>;

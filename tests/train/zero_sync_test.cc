@@ -15,7 +15,7 @@
 #include <string>
 
 #include "amp/amp.h"
-#include "scalar_reads.h"
+#include "../scalar_reads.h"
 
 namespace {
 
@@ -28,7 +28,7 @@ struct Net : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 
-enum class Opt { kAdam, kAdamW, kSGD };
+enum class Opt { kAdam, kAdamW, kSgd };
 const char* name_of(Opt o) { return o == Opt::kAdam ? "Adam" : o == Opt::kAdamW ? "AdamW" : "SGD"; }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt o, const std::vector<torch::Tensor>& params) {
@@ -103,7 +103,7 @@ template <class P>
 void expect_zero_reads() {
   if constexpr (amp::is_supported_v<P, amp::CPU>) {
     if (!kFusedCpu) GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no CPU fused optimizer kernels (2.4+)";
-    for (Opt o : {Opt::kAdam, Opt::kAdamW, Opt::kSGD}) {
+    for (Opt o : {Opt::kAdam, Opt::kAdamW, Opt::kSgd}) {
       for (double clip : {0.0, 1.0}) {
         SCOPED_TRACE(std::string(name_of(o)) + (clip > 0 ? " with clipping" : ""));
         EXPECT_EQ(host_reads_in_20_steps<P>(o, clip), 0);
@@ -133,7 +133,7 @@ TEST(ZeroSync, UnfusedPathCountsOnOldLibTorch) {
   for (int i = 0; i < 20; ++i) trainer.step([&](auto&) { return torch::cross_entropy_loss(r.net->forward(x), y); });
   EXPECT_EQ(ScalarReads::outside, 0);
 
-  Model s = make_run(Opt::kSGD);
+  Model s = make_run(Opt::kSgd);
   amp::Stepper<amp::DynamicScaler> stepper(*s.opt);
   EXPECT_FALSE(stepper.fused());
   ScalarReads::outside = 0;
@@ -169,7 +169,7 @@ void fused_matches_unfused(Opt o) {
   for (size_t i = 0; i < pa.size(); ++i) {
     const double diff = (pa[i] - pb[i]).abs().max().template item<double>();
     const double scale = pb[i].abs().max().template item<double>();
-    // Each step's update agrees to fp32 rounding (tests/fused_optimizer_test.cc,
+    // Each step's update agrees to fp32 rounding (tests/optim/fused_optimizer_test.cc,
     // on the same gradients); here the parameters feed the next forward, and
     // Adam's division by sqrt(v) amplifies 1-ulp differences over 30 steps.
     EXPECT_LE(diff, 1e-4 * (1.0 + scale)) << "parameter " << i;
@@ -178,7 +178,7 @@ void fused_matches_unfused(Opt o) {
 
 TEST(FusedTrainer, MatchesUnfusedWithinFp32Rounding) {
   if (!kFusedCpu) GTEST_SKIP() << "no CPU fused kernels before LibTorch 2.4";
-  for (Opt o : {Opt::kAdam, Opt::kAdamW, Opt::kSGD}) {
+  for (Opt o : {Opt::kAdam, Opt::kAdamW, Opt::kSgd}) {
     SCOPED_TRACE(name_of(o));
     fused_matches_unfused<amp::Mixed<amp::bf16, amp::NoScaler>>(o);
     if constexpr (amp::is_supported_v<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CPU>)
@@ -199,7 +199,7 @@ TEST(FusedTrainer, CheckpointsResumeBitwiseAndCrossPaths) {
       t.step([&](auto&) { return torch::cross_entropy_loss(net.forward(x), y); });
     }
   };
-  for (Opt o : {Opt::kAdam, Opt::kSGD}) {
+  for (Opt o : {Opt::kAdam, Opt::kSgd}) {
     SCOPED_TRACE(name_of(o));
     Model a = make_run(o);
     amp::Trainer<P, amp::CPU> straight(a.net, *a.opt, amp::TrainerOptions().progress(false));

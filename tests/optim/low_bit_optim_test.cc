@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "error_of.h"
-#include "scalar_reads.h"
+#include "../error_of.h"
+#include "../scalar_reads.h"
 
 namespace {
 
@@ -462,10 +462,10 @@ TEST(LowBitAdam, TrainerResumeIsBitwise) {
   std::remove(path.c_str());
 }
 
-// Several models under one policy (amp::Precision): each low-bit optimizer
+// Several models under one policy (amp::Fabric): each low-bit optimizer
 // takes its own sync-free step, and a checkpoint resumes bitwise.
 TEST(LowBitAdam, PrecisionOfTwoModelsStepsAndResumesBitwise) {
-  using P = amp::Precision<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
+  using P = amp::Fabric<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
   const std::string path = ::testing::TempDir() + "/low_bit_precision.pt";
   struct Run {
     std::shared_ptr<Net> a = make_net(1), b = make_net(2);

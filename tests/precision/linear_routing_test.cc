@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "amp/precision/region.h"
-#include "amp/train/precision.h"
+#include "amp/train/fabric.h"
 #include "amp/train/trainer.h"
-#include "error_of.h"
+#include "../error_of.h"
 
 namespace {
 
@@ -392,14 +392,14 @@ TEST_F(LinearRoutingTest, TrainerOptionTurnsRoutingOff) {
   }
 }
 
-// Precision takes the same option, for forward() and evaluate().
+// Fabric takes the same option, for forward() and evaluate().
 TEST_F(LinearRoutingTest, PrecisionOptionTurnsRoutingOff) {
-  EXPECT_EQ(amp::PrecisionOptions().linear_routing(), LinearRouting::kOn);
+  EXPECT_EQ(amp::FabricOptions().linear_routing(), LinearRouting::kOn);
   torch::nn::Linear lin(24, 40);
   torch::optim::SGD opt(lin->parameters(), 0.1);
   const torch::Tensor x = torch::randn({6, 24});
   for (const LinearRouting routing : {LinearRouting::kOn, LinearRouting::kOff}) {
-    amp::Precision<Bf16, amp::CPU> prec(amp::PrecisionOptions().linear_routing(routing));
+    amp::Fabric<Bf16, amp::CPU> prec(amp::FabricOptions().linear_routing(routing));
     prec.setup(lin, opt);
     WeightCasts casts(lin->weight);
     prec.forward([&](auto& region) {

@@ -1,4 +1,4 @@
-// Precision<Policy, Device>: two models and two optimizers under one policy
+// Fabric<Policy, Device>: two models and two optimizers under one policy
 // and one scaler (a small GAN), on CPU, under every CPU-supported policy:
 // equal to the recipe written by hand from amp's pieces, bit for bit; inf in
 // one optimizer's gradients skips that optimizer only and backs the scale off
@@ -22,8 +22,8 @@
 
 #include "amp/amp.h"
 #include "amp/testing.h"
-#include "error_of.h"
-#include "scalar_reads.h"
+#include "../error_of.h"
+#include "../scalar_reads.h"
 
 namespace {
 
@@ -87,7 +87,7 @@ struct Gan {
   }
 };
 
-// One GAN iteration through Precision; d_poison multiplies D's loss (inf: D's gradients overflow).
+// One GAN iteration through Fabric; d_poison multiplies D's loss (inf: D's gradients overflow).
 template <class Prec>
 void iteration(Prec& prec, Gan& g, int i, double d_poison = 1.0, double g_poison = 1.0) {
   g.opt_d->zero_grad();
@@ -100,21 +100,21 @@ void iteration(Prec& prec, Gan& g, int i, double d_poison = 1.0, double g_poison
 }
 
 template <class P>
-double scale_of(const amp::Precision<P, amp::CPU>& prec) {
+double scale_of(const amp::Fabric<P, amp::CPU>& prec) {
   return prec.scaler().get_scale();
 }
 
 template <class P>
-class PrecisionPolicies : public ::testing::Test {};
-TYPED_TEST_SUITE(PrecisionPolicies, amp::testing::PolicyTypes<decltype(amp::supported_policies<amp::CPU>)>,
+class FabricPolicies : public ::testing::Test {};
+TYPED_TEST_SUITE(FabricPolicies, amp::testing::PolicyTypes<decltype(amp::supported_policies<amp::CPU>)>,
                  amp::testing::PolicyNames);
 
 // The recipe by hand (torch's AMP docs, several optimizers sharing one
 // scaler): Region, scaler.scale(loss).backward(), scaler.step(opt) per
-// optimizer (with FusedStep where Precision takes it), one scaler.update().
-TYPED_TEST(PrecisionPolicies, TwoOptimizersEqualTheRecipeByHand) {
+// optimizer (with FusedStep where Fabric takes it), one scaler.update().
+TYPED_TEST(FabricPolicies, TwoOptimizersEqualTheRecipeByHand) {
   using P = TypeParam;
-  using Prec = amp::Precision<P, amp::CPU>;
+  using Prec = amp::Fabric<P, amp::CPU>;
   using R = typename Prec::region_type;
   Gan a = Gan::make<P>(), b = Gan::make<P>();
   Prec prec;
@@ -165,16 +165,16 @@ TYPED_TEST(PrecisionPolicies, TwoOptimizersEqualTheRecipeByHand) {
   }
   EXPECT_TRUE(same(snapshot(*a.gen), snapshot(*b.gen)));
   EXPECT_TRUE(same(snapshot(*a.disc), snapshot(*b.disc)));
-  EXPECT_EQ(prec.steps(), 12);
+  EXPECT_EQ(prec.iterations(), 12);
   for (const auto& p : a.gen->parameters()) EXPECT_EQ(p.scalar_type(), R::param_dtype);
 }
 
-// torch's multi-optimizer semantics through Precision (fp16 autocast on CPU: LibTorch >= 2.3).
+// torch's multi-optimizer semantics through Fabric (fp16 autocast on CPU: LibTorch >= 2.3).
 template <class P>
 void expect_per_optimizer_skips() {
   if constexpr (amp::is_supported_v<P, amp::CPU>) {
     Gan g = Gan::make<P>();
-    amp::Precision<P, amp::CPU> prec({}, amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.0)));
+    amp::Fabric<P, amp::CPU> prec({}, amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.0)));
     prec.setup(g.gen, *g.opt_g);
     prec.setup(g.disc, *g.opt_d);
     iteration(prec, g, 0);
@@ -202,13 +202,13 @@ void expect_per_optimizer_skips() {
   }
 }
 
-TEST(Precision, InfInOneOptimizerSkipsOnlyItAndTheScaleBacksOffOnce) {
+TEST(Fabric, InfInOneOptimizerSkipsOnlyItAndTheScaleBacksOffOnce) {
   expect_per_optimizer_skips<amp::Mixed<amp::fp16, amp::DynamicScaler>>();
 }
 
-// The same semantics on any LibTorch, at the level Precision shares with
+// The same semantics on any LibTorch, at the level Fabric shares with
 // Stepper: two OptimizerSteps and one DynamicScaler on fp32 gradients.
-TEST(Precision, OptimizerStepUnderOneScaler) {
+TEST(Fabric, OptimizerStepUnderOneScaler) {
   Gan g = Gan::make<amp::True<amp::fp32>>();
   amp::DynamicScaler scaler(amp::DynamicScalerOptions().init_scale(1024.0));
   amp::detail::OptimizerStep<amp::DynamicScaler> step_d(*g.opt_d, true, 1.0, 2.0), step_g(*g.opt_g, true, 0.0, 2.0);
@@ -230,10 +230,10 @@ TEST(Precision, OptimizerStepUnderOneScaler) {
   }
 }
 
-// Resume: 2N iterations straight == N, save, a fresh Precision loads, N more.
-TYPED_TEST(PrecisionPolicies, MidRunCheckpointResumesBitwise) {
+// Resume: 2N iterations straight == N, save, a fresh Fabric loads, N more.
+TYPED_TEST(FabricPolicies, MidRunCheckpointResumesBitwise) {
   using P = TypeParam;
-  using Prec = amp::Precision<P, amp::CPU>;
+  using Prec = amp::Fabric<P, amp::CPU>;
   constexpr bool scaled = amp::policy_traits<P>::uses_loss_scaling;
   const std::string path = tmp_path(std::string("precision_") + amp::policy_traits<P>::name + ".pt");
   Gan straight = Gan::make<P>();
@@ -251,7 +251,7 @@ TYPED_TEST(PrecisionPolicies, MidRunCheckpointResumesBitwise) {
   b.setup(resumed.gen, *resumed.opt_g);
   b.setup(resumed.disc, *resumed.opt_d);
   b.load(path);
-  EXPECT_EQ(b.steps(), 8);
+  EXPECT_EQ(b.iterations(), 8);
   EXPECT_EQ(b.scaler().get_scale(), saved_scale);
   for (int i = 8; i < 16; ++i) iteration(b, resumed, i);
   EXPECT_TRUE(same(snapshot(*straight.gen), snapshot(*resumed.gen)));
@@ -261,9 +261,9 @@ TYPED_TEST(PrecisionPolicies, MidRunCheckpointResumesBitwise) {
 
 using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
 
-TEST(Precision, CheckpointRefusalsLeaveEverythingAsItWas) {
+TEST(Fabric, CheckpointRefusalsLeaveEverythingAsItWas) {
   Gan g = Gan::make<Bf16>();
-  amp::Precision<Bf16, amp::CPU> prec;
+  amp::Fabric<Bf16, amp::CPU> prec;
   prec.setup(g.gen, *g.opt_g);
   prec.setup(g.disc, *g.opt_d);
   iteration(prec, g, 0);
@@ -275,20 +275,20 @@ TEST(Precision, CheckpointRefusalsLeaveEverythingAsItWas) {
   // Another policy's checkpoint.
   {
     Gan o = Gan::make<amp::True<amp::fp32>>();
-    amp::Precision<amp::True<amp::fp32>, amp::CPU> other;
+    amp::Fabric<amp::True<amp::fp32>, amp::CPU> other;
     other.setup(o.gen, *o.opt_g);
     other.setup(o.disc, *o.opt_d);
     iteration(other, o, 0);
     other.save(tmp_path("precision_fp32.pt"));
   }
   EXPECT_THAT(error_of([&] { prec.load(tmp_path("precision_fp32.pt")); }),
-              HasSubstr("was saved under precision \"32-true\" but this Precision's policy is \"bf16-mixed\""));
+              HasSubstr("was saved under precision \"32-true\" but this Fabric's policy is \"bf16-mixed\""));
   // A checkpoint of one model (a Trainer's), and one with another count.
   {
     Gan t = Gan::make<Bf16>();
     amp::Trainer<Bf16, amp::CPU> trainer(t.disc, *t.opt_d, amp::TrainerOptions().progress(false));
     trainer.save(tmp_path("precision_trainer.pt"));
-    amp::Precision<Bf16, amp::CPU> one;
+    amp::Fabric<Bf16, amp::CPU> one;
     one.setup(t.gen, *t.opt_g);
     one.save(tmp_path("precision_one.pt"));
   }
@@ -299,7 +299,7 @@ TEST(Precision, CheckpointRefusalsLeaveEverythingAsItWas) {
   EXPECT_THAT(error_of([&] { prec.load(tmp_path("no_such_file.pt")); }), HasSubstr("amp: could not read checkpoint"));
   EXPECT_TRUE(same(snapshot(*g.gen), gen0));
   EXPECT_TRUE(same(snapshot(*g.disc), disc0));
-  EXPECT_EQ(prec.steps(), 2);
+  EXPECT_EQ(prec.iterations(), 2);
 
   // save() and load() between iterations only.
   g.opt_d->zero_grad();
@@ -311,12 +311,12 @@ TEST(Precision, CheckpointRefusalsLeaveEverythingAsItWas) {
   EXPECT_THAT(error_of([&] { prec.load(path); }), HasSubstr("amp: load() in the middle of an iteration"));
   prec.update();
   prec.load(path);
-  EXPECT_EQ(prec.steps(), 1);
+  EXPECT_EQ(prec.iterations(), 1);
 }
 
-TEST(Precision, SetupErrorsChangeNothing) {
+TEST(Fabric, SetupErrorsChangeNothing) {
   Gan g = Gan::make<Bf16>();
-  amp::Precision<Bf16, amp::CPU> prec;
+  amp::Fabric<Bf16, amp::CPU> prec;
   // An optimizer over parameters of a model that was not set up.
   EXPECT_THAT(error_of([&] { prec.setup(g.gen, *g.opt_d); }),
               HasSubstr("amp: setup(): parameter 0 of param group 0 of this optimizer belongs to no model that was set "
@@ -336,8 +336,7 @@ TEST(Precision, SetupErrorsChangeNothing) {
   EXPECT_EQ(prec.num_models(), 2u);
   // LBFGS, fp64 parameters under a Mixed policy.
   torch::optim::LBFGS lbfgs(g.disc->parameters(), torch::optim::LBFGSOptions(0.1));
-  EXPECT_THAT(error_of([&] { prec.setup(g.disc, lbfgs); }),
-              HasSubstr("amp: Precision steps each optimizer with step()"));
+  EXPECT_THAT(error_of([&] { prec.setup(g.disc, lbfgs); }), HasSubstr("amp: Fabric steps each optimizer with step()"));
   torch::nn::Linear wide(4, 4);
   wide->to(torch::kFloat64);
   EXPECT_THAT(error_of([&] { prec.setup(wide); }),
@@ -348,16 +347,16 @@ TEST(Precision, SetupErrorsChangeNothing) {
   EXPECT_THAT(error_of([&] { prec.setup(g.gen, *g.opt_d, amp::StepOptions().max_grad_norm(-1)); }),
               HasSubstr("amp: max_grad_norm must be >= 0"));
   EXPECT_THAT(error_of([&] { prec.setup(g.gen, *g.opt_d, amp::StepOptions().accumulation_steps(2)); }),
-              HasSubstr("amp: Precision steps an optimizer at each prec.step(opt), so StepOptions::accumulation_steps "
+              HasSubstr("amp: Fabric steps an optimizer at each prec.step(opt), so StepOptions::accumulation_steps "
                         "must be 1 in setup(), got 2"));
   EXPECT_EQ(prec.num_optimizers(), 2u);
 }
 
-// PrecisionOptions::region is honoured by forward() and evaluate().
-TEST(Precision, RegionOptionsReachForwardAndEvaluate) {
+// FabricOptions::region is honoured by forward() and evaluate().
+TEST(Fabric, RegionOptionsReachForwardAndEvaluate) {
   for (const amp::LinearRouting mode : {amp::LinearRouting::kOn, amp::LinearRouting::kOff}) {
     Gan g = Gan::make<Bf16>();
-    amp::Precision<Bf16, amp::CPU> prec(amp::PrecisionOptions().region(amp::RegionOptions().linear_routing(mode)));
+    amp::Fabric<Bf16, amp::CPU> prec(amp::FabricOptions().region(amp::RegionOptions().linear_routing(mode)));
     prec.setup(g.gen, *g.opt_g);
     amp::LinearRouting in_forward = amp::LinearRouting::kOff, in_eval = amp::LinearRouting::kOff;
     (void)prec.forward([&](auto&) {
@@ -373,9 +372,9 @@ TEST(Precision, RegionOptionsReachForwardAndEvaluate) {
   }
 }
 
-TEST(Precision, StepAndUpdateOutOfOrderAreErrorsThatChangeNothing) {
+TEST(Fabric, StepAndUpdateOutOfOrderAreErrorsThatChangeNothing) {
   Gan g = Gan::make<Bf16>();
-  amp::Precision<Bf16, amp::CPU> prec;
+  amp::Fabric<Bf16, amp::CPU> prec;
   prec.setup(g.gen, *g.opt_g);
   prec.setup(g.disc, *g.opt_d);
   auto d0 = snapshot(*g.disc);
@@ -386,16 +385,16 @@ TEST(Precision, StepAndUpdateOutOfOrderAreErrorsThatChangeNothing) {
   EXPECT_TRUE(same(snapshot(*g.disc), d0));
   // update() without a step().
   EXPECT_THAT(error_of([&] { prec.update(); }), HasSubstr("amp: update() without a step() since the last update()"));
-  EXPECT_EQ(prec.steps(), 0);
+  EXPECT_EQ(prec.iterations(), 0);
   // An optimizer that was not set up.
   torch::optim::SGD stranger(g.disc->parameters(), torch::optim::SGDOptions(0.1));
   EXPECT_THAT(error_of([&] { prec.step(stranger); }),
               HasSubstr("amp: step(): this optimizer was not set up; call prec.setup(model, optimizer) first"));
   // A whole iteration, then: update() twice, step() twice, step() after its backward was used.
   iteration(prec, g, 0);
-  EXPECT_EQ(prec.steps(), 1);
+  EXPECT_EQ(prec.iterations(), 1);
   EXPECT_THAT(error_of([&] { prec.update(); }), HasSubstr("amp: update() without a step() since the last update()"));
-  EXPECT_EQ(prec.steps(), 1);
+  EXPECT_EQ(prec.iterations(), 1);
   g.opt_d->zero_grad();
   prec.backward(prec.forward([&](auto& r) { return g.d_loss(r, 1); }));
   prec.step(*g.opt_d);
@@ -409,17 +408,17 @@ TEST(Precision, StepAndUpdateOutOfOrderAreErrorsThatChangeNothing) {
               HasSubstr("amp: backward(): the loss must have one element"));
   // Training goes on.
   iteration(prec, g, 2);
-  EXPECT_EQ(prec.steps(), 3);
+  EXPECT_EQ(prec.iterations(), 3);
 }
 
 // evaluate(): the policy's region, no autograd, eval mode, modes restored.
-TEST(Precision, EvaluateRunsUnderThePolicyWithoutGradInEvalMode) {
+TEST(Fabric, EvaluateRunsUnderThePolicyWithoutGradInEvalMode) {
   torch::manual_seed(0);
   torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::Dropout(0.5), torch::nn::Linear(8, 2));
   torch::nn::Sequential frozen(torch::nn::Linear(2, 2), torch::nn::BatchNorm1d(2));
   frozen[1]->eval();  // a submodule the user keeps in eval mode
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-  amp::Precision<Bf16, amp::CPU> prec;
+  amp::Fabric<Bf16, amp::CPU> prec;
   prec.setup(net, opt);
   prec.setup(frozen);
   const auto x = torch::randn({16, 4});
@@ -481,7 +480,7 @@ template <class P>
 void expect_no_host_reads() {
   if constexpr (amp::detail::compat::kCpuHasFusedOptimizers && amp::is_supported_v<P, amp::CPU>) {
     Gan g = Gan::make<P>();
-    amp::Precision<P, amp::CPU> prec;
+    amp::Fabric<P, amp::CPU> prec;
     prec.setup(g.gen, *g.opt_g, amp::StepOptions().max_grad_norm(1.0));  // clipping, too
     prec.setup(g.disc, *g.opt_d);
     ASSERT_TRUE(prec.fused(*g.opt_g)) << prec.optimizer_path(*g.opt_g);
@@ -496,7 +495,7 @@ void expect_no_host_reads() {
   }
 }
 
-TEST(Precision, FusedPathReadsNothingBackToTheHost) {
+TEST(Fabric, FusedPathReadsNothingBackToTheHost) {
   expect_no_host_reads<amp::Mixed<amp::fp16, amp::DynamicScaler>>();
   expect_no_host_reads<Bf16>();
 }

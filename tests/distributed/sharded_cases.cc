@@ -26,7 +26,7 @@
 #include "amp/optim/low_bit_adam.h"
 #include "amp/optim/state_bytes.h"
 #include "amp/scaler/dynamic_scaler.h"
-#include "amp/train/precision.h"
+#include "amp/train/fabric.h"
 #include "amp/train/trainer.h"
 
 namespace {
@@ -109,7 +109,7 @@ void twin(const Options& options, int64_t steps, bool poison, double max_grad_no
   // Inner's fused kernels where they serve Opt (LibTorch 2.4+ on CPU), as for the plain optimizer.
   check(opt_b.local_fused() == (amp::fused_kind(opt_a, c10::DeviceType::CPU) != amp::FusedKind::kNone),
         "the local step's path");
-  std::cout << "PASS " << test_case::name << " " << tb.precision << " world " << pg.world_size() << " skipped "
+  std::cout << "PASS " << test_case::name << " " << tb.precision_name << " world " << pg.world_size() << " skipped "
             << skipped << " path '" << tb.optimizer_path() << "', local step "
             << (opt_b.local_fused() ? "fused" : "unfused") << std::endl;
 }
@@ -150,7 +150,7 @@ void scaler_twin(const Options& options) {
             << std::endl;
 }
 
-// Several models under one scaler (amp::Precision), each with a sharded optimizer.
+// Several models under one scaler (amp::Fabric), each with a sharded optimizer.
 void precision() {
   auto pg = init();
   using P = amp::Mixed<amp::bf16, amp::NoScaler>;
@@ -167,7 +167,7 @@ void precision() {
       og = std::make_unique<torch::optim::AdamW>(gen->parameters(), torch::optim::AdamWOptions(1e-2));
       od = std::make_unique<torch::optim::SGD>(disc->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     }
-    amp::Precision<P, amp::CPU> prec;
+    amp::Fabric<P, amp::CPU> prec;
     prec.setup(gen, *og);
     prec.setup(disc, *od);
     amp::DataParallel dp(pg, prec.parameters(), prec.buffers(), amp::DataParallelOptions(), prec.parameter_names());
@@ -185,7 +185,7 @@ void precision() {
     return torch::cat({param_bits(*gen), param_bits(*disc)});
   };
   const torch::Tensor plain = run(false), sharded = run(true);
-  check(torch::equal(plain, sharded), "Precision's models differ from unsharded DataParallel");
+  check(torch::equal(plain, sharded), "Fabric's models differ from unsharded DataParallel");
   same_on_every_rank(pg, sharded, "sharded parameters");
   std::cout << "PASS " << test_case::name << " world " << pg.world_size() << std::endl;
 }

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "amp/amp.h"
-#include "error_of.h"
+#include "../error_of.h"
 #include "optimizer_state.h"
 
 #if AMP_WITH_CUDA

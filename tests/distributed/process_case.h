@@ -1,4 +1,4 @@
-// tests/process_case.h: one case of a multi-process test program (run through
+// tests/distributed/process_case.h: one case of a multi-process test program (run through
 // tools/launch by distributed_test.sh): its name and rank, fail()/check(),
 // which print "FAIL <case> (rank r): why" and exit 1, and the process group
 // with AMP_DP_TIMEOUT_MS's timeout (default 20000).

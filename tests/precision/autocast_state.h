@@ -1,4 +1,4 @@
-// tests/autocast_state.h: a snapshot of one thread's autocast state, for the
+// tests/precision/autocast_state.h: a snapshot of one thread's autocast state, for the
 // tests of precision/autocast.h and precision/region.h (what a guard saves and must restore).
 #pragma once
 

@@ -6,7 +6,7 @@
 // equal ordinary fused steps bit for bit (skips included) while every state
 // tensor and counter stays the same object; with a recorder that replays
 // eagerly, captured steps equal eager ones (Float8 trainers included, on
-// LibTorch 2.8+). The CUDA graph itself runs in tests/capture_cuda_test.cc;
+// LibTorch 2.8+). The CUDA graph itself runs in tests/capture/capture_cuda_test.cc;
 // on amp::CPU trainer.capture() does not compile (tests/compile_fail/capture_on_cpu.cc).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "amp/amp.h"
-#include "error_of.h"
+#include "../error_of.h"
 #include "optimizer_state.h"
 
 namespace {
@@ -211,7 +211,7 @@ TEST(StaticStepper, ZeroesGradientsInPlaceWithTheSameBits) {
                                       amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.)));
   amp::Stepper<amp::DynamicScaler> sb(ob, amp::StepOptions().max_grad_norm(0.5),
                                       amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.)));
-  std::vector<const void*> grads;
+  std::vector<at::Tensor> grads;  // held: a replaced gradient cannot reuse their memory
   for (int i = 0; i < 6; ++i) {
     const auto x = torch::randn({32, 8}), y = torch::randn({32, 4});
     if (i == 3) x[0][0] = std::numeric_limits<float>::infinity();
@@ -220,12 +220,12 @@ TEST(StaticStepper, ZeroesGradientsInPlaceWithTheSameBits) {
     if (i == 0) {
       sb.make_static();
       EXPECT_TRUE(sb.is_static());
-      for (const auto& p : b->parameters()) grads.push_back(p.grad().data_ptr());
+      for (const auto& p : b->parameters()) grads.push_back(p.grad());
     }
   }
   for (size_t i = 0; i < a->parameters().size(); ++i) {
     EXPECT_TRUE(torch::equal(a->parameters()[i], b->parameters()[i])) << "parameter " << i;
-    EXPECT_EQ(b->parameters()[i].grad().data_ptr(), grads[i]) << "gradient " << i << " was replaced";
+    EXPECT_TRUE(b->parameters()[i].grad().is_same(grads[i])) << "gradient " << i << " was replaced";
   }
   EXPECT_EQ(sa.scaler().get_scale(), sb.scaler().get_scale());
   sb.reload_optimizer_state();
@@ -271,12 +271,12 @@ std::vector<at::Tensor> state_tensors(torch::optim::Optimizer& opt, const amp::F
   return out;
 }
 
-class MakeStatic : public ::testing::TestWithParam<Opt> {};
+class FusedStepMakeStatic : public ::testing::TestWithParam<Opt> {};
 
 // Static steps (all state made first, kept fixed) against ordinary fused
 // steps, with inf/NaN on random steps: the same bits, and the same tensors
 // (data pointers) from the first step to the last, syncs included.
-TEST_P(MakeStatic, EqualsOrdinaryFusedStepsOnTheSameTensors) {
+TEST_P(FusedStepMakeStatic, EqualsOrdinaryFusedStepsOnTheSameTensors) {
   if (!kFusedCpu) GTEST_SKIP() << "LibTorch < 2.4 has no fused CPU kernels";
   torch::manual_seed(11);
   std::vector<at::Tensor> pa, pb;
@@ -332,7 +332,7 @@ TEST_P(MakeStatic, EqualsOrdinaryFusedStepsOnTheSameTensors) {
 
 // make_static keeps entries whose steps were all skipped (step 0, zero
 // moments), where an ordinary fused step drops them at the sync.
-TEST_P(MakeStatic, KeepsTheStateOfSkippedStepsAtTheSync) {
+TEST_P(FusedStepMakeStatic, KeepsTheStateOfSkippedStepsAtTheSync) {
   if (!kFusedCpu) GTEST_SKIP() << "LibTorch < 2.4 has no fused CPU kernels";
   at::Tensor p = torch::randn({6}).requires_grad_();
   p.mutable_grad() = torch::ones({6});
@@ -353,7 +353,7 @@ std::string opt_name(const ::testing::TestParamInfo<Opt>& info) {
   static const std::array<const char*, 4> names = {"Adam", "AdamW", "Sgd", "SgdDampened"};
   return names[static_cast<size_t>(info.param)];
 }
-INSTANTIATE_TEST_SUITE_P(Optimizers, MakeStatic,
+INSTANTIATE_TEST_SUITE_P(Optimizers, FusedStepMakeStatic,
                          ::testing::Values(Opt::kAdam, Opt::kAdamW, Opt::kSgd, Opt::kSgdDampened), opt_name);
 
 // --- CapturedStep on CPU, replaying by running the step eagerly ----------------
@@ -477,27 +477,31 @@ void replays_equal_eager(Opt o, amp::TrainerOptions options = amp::TrainerOption
   expect_same(eager, captured);
 }
 
-class Emulated : public ::testing::Test {
+class CapturedStepEmulated : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!kFusedCpu) GTEST_SKIP() << "LibTorch < 2.4 has no fused CPU kernels, so nothing can be captured";
   }
 };
 
-TEST_F(Emulated, ReplaysEqualEagerFusedStepsBf16Adam) {
+TEST_F(CapturedStepEmulated, ReplaysEqualEagerFusedStepsBf16Adam) {
   replays_equal_eager<amp::Mixed<amp::bf16, amp::NoScaler>>(Opt::kAdam);
 }
-TEST_F(Emulated, ReplaysEqualEagerFusedStepsFp16SgdWithInfAndClipping) {
+TEST_F(CapturedStepEmulated, ReplaysEqualEagerFusedStepsFp16SgdWithInfAndClipping) {
   replays_equal_eager<Scaled16>(Opt::kSgdDampened, amp::TrainerOptions().max_grad_norm(0.5));
 }
-TEST_F(Emulated, ReplaysEqualEagerFusedStepsFp16AdamWWithInf) { replays_equal_eager<Scaled16>(Opt::kAdamW); }
-TEST_F(Emulated, ReplaysEqualEagerFusedStepsTrueFp32Sgd) { replays_equal_eager<amp::True<amp::fp32>>(Opt::kSgd); }
+TEST_F(CapturedStepEmulated, ReplaysEqualEagerFusedStepsFp16AdamWWithInf) {
+  replays_equal_eager<Scaled16>(Opt::kAdamW);
+}
+TEST_F(CapturedStepEmulated, ReplaysEqualEagerFusedStepsTrueFp32Sgd) {
+  replays_equal_eager<amp::True<amp::fp32>>(Opt::kSgd);
+}
 // A low-bit optimizer's own step_scaled() (FusedKind::kOptimizer), skips and clipping included.
-TEST_F(Emulated, ReplaysEqualEagerLowBitStepsFp16AdamW8bitWithInfAndClipping) {
+TEST_F(CapturedStepEmulated, ReplaysEqualEagerLowBitStepsFp16AdamW8bitWithInfAndClipping) {
   replays_equal_eager<Scaled16>(Opt::kAdamW8bit, amp::TrainerOptions().max_grad_norm(0.5));
 }
 
-TEST_F(Emulated, AnotherShapeOrAnOptionChangeIsAnErrorUntilRecapture) {
+TEST_F(CapturedStepEmulated, AnotherShapeOrAnOptionChangeIsAnErrorUntilRecapture) {
   using P = Scaled16;
   Training<P> t(Opt::kAdam);
   auto step = t.capture(batch_at(0));
@@ -517,7 +521,7 @@ TEST_F(Emulated, AnotherShapeOrAnOptionChangeIsAnErrorUntilRecapture) {
   EXPECT_EQ(error_of([&] { step(batch_at(3, 8)); }), "<no error>");
 }
 
-TEST_F(Emulated, UnsupportedConfigurationsSayWhy) {
+TEST_F(CapturedStepEmulated, UnsupportedConfigurationsSayWhy) {
   using P = amp::Mixed<amp::bf16, amp::NoScaler>;
   Training<P> unfused(Opt::kAdam, amp::TrainerOptions().fused(false));
   EXPECT_THAT(error_of([&] { unfused.capture(batch_at(0)); }),
@@ -530,7 +534,7 @@ TEST_F(Emulated, UnsupportedConfigurationsSayWhy) {
 // Save between replays, load into fresh trainers, continue eager or
 // captured: both equal an uninterrupted eager run. load() into the capturing
 // trainer makes its replays refuse until recapture().
-TEST_F(Emulated, CheckpointsMoveBetweenCapturedAndEager) {
+TEST_F(CapturedStepEmulated, CheckpointsMoveBetweenCapturedAndEager) {
   using P = Scaled16;
   const std::string path = ::testing::TempDir() + "amp_capture_ckpt.pt";
   Training<P> reference(Opt::kAdam);
@@ -567,7 +571,7 @@ TEST_F(Emulated, CheckpointsMoveBetweenCapturedAndEager) {
 
 // A second capture() on the trainer undoes its warm-up from a snapshot, which
 // replaces the tensors the first one recorded: the first refuses to replay.
-TEST_F(Emulated, ASecondCaptureMakesTheFirstRecapture) {
+TEST_F(CapturedStepEmulated, ASecondCaptureMakesTheFirstRecapture) {
   Training<Scaled16> t(Opt::kAdam);
   auto first = t.capture(batch_at(0));
   first(batch_at(0));
@@ -578,7 +582,7 @@ TEST_F(Emulated, ASecondCaptureMakesTheFirstRecapture) {
 }
 
 // Eager steps and replays mixed on one trainer equal all-eager.
-TEST_F(Emulated, EagerStepsBetweenReplays) {
+TEST_F(CapturedStepEmulated, EagerStepsBetweenReplays) {
   using P = Scaled16;
   Training<P> reference(Opt::kSgd), mixed(Opt::kSgd);
   reference.net->eval();
@@ -640,12 +644,16 @@ void float8_replays_equal_eager() {
   }
 }
 
-TEST_F(Emulated, Float8TensorwiseReplaysEqualEagerSteps) { float8_replays_equal_eager<amp::Tensorwise>(); }
-TEST_F(Emulated, Float8DelayedReplaysEqualEagerStepsStateIncluded) { float8_replays_equal_eager<amp::Delayed<4>>(); }
+TEST_F(CapturedStepEmulated, Float8TensorwiseReplaysEqualEagerSteps) { float8_replays_equal_eager<amp::Tensorwise>(); }
+TEST_F(CapturedStepEmulated, Float8DelayedReplaysEqualEagerStepsStateIncluded) {
+  float8_replays_equal_eager<amp::Delayed<4>>();
+}
 #endif                                 // AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
 #if AMP_DETAIL_HAS_CPU_ROWWISE_FLOAT8  // rowwise scales in CPU's _scaled_mm: LibTorch 2.14
-TEST_F(Emulated, Float8RowwiseReplaysEqualEagerSteps) { float8_replays_equal_eager<amp::Rowwise>(); }
-TEST_F(Emulated, Float8RowwiseWithGwHpReplaysEqualEagerSteps) { float8_replays_equal_eager<amp::RowwiseWithGwHp>(); }
+TEST_F(CapturedStepEmulated, Float8RowwiseReplaysEqualEagerSteps) { float8_replays_equal_eager<amp::Rowwise>(); }
+TEST_F(CapturedStepEmulated, Float8RowwiseWithGwHpReplaysEqualEagerSteps) {
+  float8_replays_equal_eager<amp::RowwiseWithGwHp>();
+}
 #endif
 
 }  // namespace

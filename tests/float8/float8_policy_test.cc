@@ -1,4 +1,4 @@
-// Tests for the Float8 policies (amp/float8/policy.h): a Trainer or Precision
+// Tests for the Float8 policies (amp/float8/policy.h): a Trainer or Fabric
 // under Float8<Tensorwise> / Float8<Delayed<...>> gives the bits of the same
 // recipe written with the float8 building blocks by hand, keeps the delayed
 // state in its checkpoints (resume bit for bit, a misfit refused with nothing
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "amp/amp.h"
-#include "error_of.h"
+#include "../error_of.h"
 
 namespace {
 
@@ -185,7 +185,7 @@ TEST(Float8Policy, PrecisionTracksEveryModelUnderItsIndex) {
   Mlp g = make_net(), d = make_net();
   torch::optim::Adam opt_g(g->parameters(), torch::optim::AdamOptions(1e-3));
   torch::optim::Adam opt_d(d->parameters(), torch::optim::AdamOptions(1e-3));
-  amp::Precision<Delayed4, amp::CPU> prec;
+  amp::Fabric<Delayed4, amp::CPU> prec;
   prec.setup(g, opt_g);
   prec.setup(d, opt_d);
   for (int64_t i = 0; i < 3; ++i) {
@@ -201,7 +201,7 @@ TEST(Float8Policy, PrecisionTracksEveryModelUnderItsIndex) {
   Mlp g2 = make_net(), d2 = make_net();
   torch::optim::Adam opt_g2(g2->parameters(), torch::optim::AdamOptions(1e-3));
   torch::optim::Adam opt_d2(d2->parameters(), torch::optim::AdamOptions(1e-3));
-  amp::Precision<Delayed4, amp::CPU> prec2;
+  amp::Fabric<Delayed4, amp::CPU> prec2;
   prec2.setup(g2, opt_g2);
   prec2.setup(d2, opt_d2);
   prec2.load(path);

@@ -1,4 +1,4 @@
-// tests/scaler_reference_test.cc: the portable GradScaler path against a scalar reference.
+// tests/scaler/scaler_reference_test.cc: the portable GradScaler path against a scalar reference.
 //
 // The reference is the kernels' arithmetic written out on scalars
 // (aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp, cuda/AmpKernels.cu):

@@ -1,8 +1,8 @@
-// Checkpoints carry the random generators (TrainerOptions/PrecisionOptions::rng_state):
+// Checkpoints carry the random generators (TrainerOptions/FabricOptions::rng_state):
 // a small transformer with dropout, its batches drawn with torch::randint from
 // the global generator (nanoGPT's shape), saved at step k and resumed in a
 // fresh process, takes the same steps bit for bit as the uninterrupted run:
-// through Trainer, through Precision, and through fit() resumed in the middle
+// through Trainer, through Fabric, and through fit() resumed in the middle
 // of an epoch with a shuffling sampler. With the entry turned off in the
 // resumed process the steps differ: the comparison can fail.
 //
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "amp/amp.h"
-#include "error_of.h"
+#include "../error_of.h"
 
 extern char** environ;
 
@@ -120,16 +120,16 @@ Record trainer_run(int64_t last, const std::string& load, int64_t save_at, const
   return r;
 }
 
-// Precision: forward, backward, step, update by hand.
+// Fabric: forward, backward, step, update by hand.
 Record precision_run(int64_t last, const std::string& load, int64_t save_at, const std::string& save, bool rng) {
   torch::manual_seed(load.empty() ? 0 : 123);
   TinyGpt model;
   torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(1e-2));
-  amp::Precision<Policy, amp::CPU> prec(amp::PrecisionOptions().rng_state(rng));
+  amp::Fabric<Policy, amp::CPU> prec(amp::FabricOptions().rng_state(rng));
   prec.setup(model, opt);
   if (!load.empty()) prec.load(load);
   Record r;
-  while (prec.steps() < last) {
+  while (prec.iterations() < last) {
     const torch::Tensor batch = random_batch();
     opt.zero_grad();
     const torch::Tensor loss = prec.forward([&](auto&) { return loss_of(model, batch); });
@@ -137,7 +137,7 @@ Record precision_run(int64_t last, const std::string& load, int64_t save_at, con
     prec.step(opt);
     prec.update();
     r.losses.push_back(loss.item<double>());
-    if (prec.steps() == save_at) prec.save(save);
+    if (prec.iterations() == save_at) prec.save(save);
   }
   add_params(r, model);
   return r;

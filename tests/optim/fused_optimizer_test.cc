@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "amp/optim/fused.h"
-#include "scalar_reads.h"
+#include "../scalar_reads.h"
 
 namespace {
 
@@ -144,21 +144,21 @@ const std::vector<Config>& configs() {
          return make_opt<torch::optim::AdamW>(p, AdamWOptions(1e-2).amsgrad(true),
                                               AdamWOptions(2e-3).amsgrad(true).weight_decay(0.1));
        }},
-      {"sgd", FusedKind::kSGD,
+      {"sgd", FusedKind::kSgd,
        [](const std::vector<at::Tensor>& p) {
          return make_opt<torch::optim::SGD>(p, SGDOptions(0.1), SGDOptions(0.05));
        }},
-      {"sgd_nesterov", FusedKind::kSGD,
+      {"sgd_nesterov", FusedKind::kSgd,
        [](const std::vector<at::Tensor>& p) {
          return make_opt<torch::optim::SGD>(p, SGDOptions(0.05).momentum(0.9).nesterov(true),
                                             SGDOptions(0.02).momentum(0.5).nesterov(true).weight_decay(0.01));
        }},
-      {"sgd_momentum_dampening", FusedKind::kSGD,
+      {"sgd_momentum_dampening", FusedKind::kSgd,
        [](const std::vector<at::Tensor>& p) {
          return make_opt<torch::optim::SGD>(p, SGDOptions(0.05).momentum(0.9).dampening(0.3),
                                             SGDOptions(0.1));  // group 1 without momentum
        }},
-      {"sgd_weight_decay", FusedKind::kSGD,
+      {"sgd_weight_decay", FusedKind::kSgd,
        [](const std::vector<at::Tensor>& p) {
          return make_opt<torch::optim::SGD>(p, SGDOptions(0.1).weight_decay(0.05),
                                             SGDOptions(0.05).weight_decay(0.2).momentum(0.9));
@@ -350,7 +350,7 @@ class Fused : public ::testing::TestWithParam<c10::DeviceType> {
     device_ = GetParam();
     if (device_ == c10::DeviceType::CUDA && !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
     if (device_ == c10::DeviceType::CPU && !compat::kCpuHasFusedOptimizers) {
-      // What this LibTorch must say instead (FusedKindTest checks the details).
+      // What this LibTorch must say instead (FusedKind checks the details).
       auto params = make_params(device_);
       for (const auto& c : configs()) EXPECT_EQ(fused_kind(*c.make(params), device_), FusedKind::kNone) << c.name;
       GTEST_SKIP() << "LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR
@@ -380,7 +380,7 @@ class Fused : public ::testing::TestWithParam<c10::DeviceType> {
 
 // compat::optim_state_key finds the entries LibTorch's own step makes (std::string
 // keys in 1.13, void* from 2.0): checked here on every LibTorch, kernels or not.
-TEST(FusedKindTest, StateKeyFindsLibTorchsOwnEntries) {
+TEST(FusedKind, StateKeyFindsLibTorchsOwnEntries) {
   auto params = make_params(c10::DeviceType::CPU);
   auto opt = configs()[0].make(params);
   set_grads(params, make_grads(params, 0));
@@ -391,13 +391,13 @@ TEST(FusedKindTest, StateKeyFindsLibTorchsOwnEntries) {
 // ATen's CPU fused SGD skips the vectorized blocks of fp16/bf16 parameters
 // before pytorch#192545 (pytorch#191763; compat::kCpuFusedSgdUpdatesHalfTypes):
 // amp must not take it there, and takes it where the kernel has the fix.
-TEST(FusedKindTest, CpuFusedSgdForHalfTypesOnlyWithTheKernelFix) {
+TEST(FusedKind, CpuFusedSgdForHalfTypesOnlyWithTheKernelFix) {
   if (!compat::has_fused_op(compat::FusedOp::kSgd, c10::DeviceType::CPU)) GTEST_SKIP() << "no CPU fused SGD";
   if (compat::kCpuFusedSgdUpdatesHalfTypes) {
     for (const auto dtype : {at::kBFloat16, at::kHalf}) {
       at::Tensor p = torch::ones({64}, dtype).requires_grad_();
       torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1).momentum(0.9));
-      EXPECT_EQ(fused_kind(sgd, c10::DeviceType::CPU), FusedKind::kSGD) << dtype;
+      EXPECT_EQ(fused_kind(sgd, c10::DeviceType::CPU), FusedKind::kSgd) << dtype;
       FusedStep fused(sgd);
       p.mutable_grad() = torch::ones({64}, dtype);
       fused.step();
@@ -436,7 +436,7 @@ TEST(FusedKindTest, CpuFusedSgdForHalfTypesOnlyWithTheKernelFix) {
          "compat::kCpuFusedSgdUpdatesHalfTypes's version threshold to this release";
 }
 
-TEST(FusedKindTest, ReportsWhatThisLibTorchHas) {
+TEST(FusedKind, ReportsWhatThisLibTorchHas) {
   auto params = make_params(c10::DeviceType::CPU);
   for (const auto& c : configs()) {
     auto opt = c.make(params);
@@ -540,7 +540,7 @@ TEST_P(Fused, MatchesLibTorchsOwnStep) {
       const StateView x = state_of(*ref.opt, ref.params[i]), y = state_of(*fused.opt, fused.params[i]);
       EXPECT_EQ(x.present, y.present) << i;
       EXPECT_EQ(x.step, y.step) << i;
-      if (c.kind != FusedKind::kSGD && specs()[i].gets_grad) {
+      if (c.kind != FusedKind::kSgd && specs()[i].gets_grad) {
         EXPECT_EQ(y.step, kSteps) << i;
       }
     }
@@ -610,7 +610,7 @@ TEST_P(Fused, SgdGroupsEachTakeTheirFirstStepAfterSkippedSteps) {
     return make_opt<torch::optim::SGD>(p, SGDOptions(0.05).momentum(0.9).dampening(0.3),
                                        SGDOptions(0.1).momentum(0.9).dampening(0.3));
   };
-  const Config c{"sgd_two_groups_dampening", FusedKind::kSGD, make};
+  const Config c{"sgd_two_groups_dampening", FusedKind::kSgd, make};
   const auto init = make_params(device_);
   Trial main(c, clone_params(init), true), ref(c, clone_params(init), true);
   for (int t = 0; t < 2; ++t) {  // skipped: inf in the gradients, found_inf = 1
@@ -660,7 +660,7 @@ TEST_P(Fused, ASkippedStepChangesNothing) {
       r.fused->sync_optimizer_state();
       for (size_t i = 0; i < r.params.size(); ++i) {
         const StateView v = state_of(*r.opt, r.params[i]);
-        if (c.kind != FusedKind::kSGD && specs()[i].gets_grad) {
+        if (c.kind != FusedKind::kSgd && specs()[i].gets_grad) {
           EXPECT_EQ(v.step, 3) << i;
         }
       }
@@ -791,7 +791,7 @@ TEST_P(Fused, CheckpointsRoundTripBetweenFusedAndUnfused) {
       fused_steps(a, 0, kBefore);
       a.fused->sync_optimizer_state();
       for (size_t i = 0; i < init.size(); ++i)
-        if (c.kind != FusedKind::kSGD && specs()[i].gets_grad) {
+        if (c.kind != FusedKind::kSgd && specs()[i].gets_grad) {
           EXPECT_EQ(state_of(*a.opt, a.params[i]).step, kBefore - 1) << i;
         }
       const std::string bytes = save(*a.opt);
@@ -828,7 +828,7 @@ TEST_P(Fused, CheckpointsRoundTripBetweenFusedAndUnfused) {
       b.fused->sync_optimizer_state();
       EXPECT_TRUE(same_bits(snapshot(a), snapshot(b)));
       for (size_t i = 0; i < init.size(); ++i)
-        if (c.kind != FusedKind::kSGD && specs()[i].gets_grad) {
+        if (c.kind != FusedKind::kSgd && specs()[i].gets_grad) {
           EXPECT_EQ(state_of(*b.opt, b.params[i]).step, kBefore + kAfter) << i;
         }
     }

@@ -1,7 +1,7 @@
-// amp/train/precision.h: Precision<Policy, Device>, several models and optimizers
+// amp/train/fabric.h: Fabric<Policy, Device>, several models and optimizers
 // under one policy and one scaler (Lightning Fabric's shape; a GAN's recipe).
 //
-//   amp::Precision<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA> prec;
+//   amp::Fabric<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA> prec;
 //   prec.setup(gen, opt_g);  prec.setup(disc, opt_d);
 //   opt_d.zero_grad(); prec.backward(prec.forward([&](auto&) { return d_loss(); })); prec.step(opt_d);
 //   opt_g.zero_grad(); prec.backward(prec.forward([&](auto&) { return g_loss(); })); prec.step(opt_g);
@@ -53,7 +53,7 @@
 
 namespace amp {
 
-struct PrecisionOptions {
+struct FabricOptions {
   // Each region forward() and evaluate() make: strict casts and linear
   // routing, as TrainerOptions::region (also spelled below).
   TORCH_ARG(RegionOptions, region) = {};
@@ -62,14 +62,14 @@ struct PrecisionOptions {
   TORCH_ARG(bool, rng_state) = true;
 
  public:  // (TORCH_ARG leaves the section private)
-  PrecisionOptions& strict_casts(StrictCasts value) { return region_.strict_casts(value), *this; }
+  FabricOptions& strict_casts(StrictCasts value) { return region_.strict_casts(value), *this; }
   StrictCasts strict_casts() const { return region_.strict_casts(); }
-  PrecisionOptions& linear_routing(LinearRouting value) { return region_.linear_routing(value), *this; }
+  FabricOptions& linear_routing(LinearRouting value) { return region_.linear_routing(value), *this; }
   LinearRouting linear_routing() const { return region_.linear_routing(); }
 };
 
 template <class Policy, class Device>
-class Precision {
+class Fabric {
   static_assert(require_supported<Policy, Device>());
 
  public:
@@ -78,18 +78,18 @@ class Precision {
   using traits = policy_traits<Policy>;
   using scaler_type = typename traits::scaler_type;
   using region_type = Region<Policy, Device>;
-  static constexpr const char* precision = traits::name;
+  static constexpr const char* precision_name = traits::name;  // "bf16-mixed", as precision_name<P>()
 
-  explicit Precision(PrecisionOptions options = {}, scaler_type scaler = scaler_type())
+  explicit Fabric(FabricOptions options = {}, scaler_type scaler = scaler_type())
       : options_(std::move(options)), scaler_(std::move(scaler)) {
-    detail::check_device<Policy, Device>("Precision");
-    detail::warn_if_slow_fp16<Policy, Device>("Precision");
+    detail::check_device<Policy, Device>("Fabric");
+    detail::warn_if_slow_fp16<Policy, Device>("Fabric");
   }
-  Precision(const Precision&) = delete;
-  Precision& operator=(const Precision&) = delete;
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
 
   // A model (a ModuleHolder, a std::shared_ptr<Module>, or a non-const
-  // Module& that outlives the Precision, as Trainer takes it): checked against
+  // Module& that outlives the Fabric, as Trainer takes it): checked against
   // the policy, converted for True<D>. Setting a model up again is a no-op.
   template <class Model>
   void setup(Model&& model) {
@@ -97,7 +97,7 @@ class Precision {
   }
 
   // A model and an optimizer over parameters of models set up (this one
-  // included). The optimizer must outlive the Precision.
+  // included). The optimizer must outlive the Fabric.
   template <class Model>
   void setup(Model&& model, torch::optim::Optimizer& optimizer, StepOptions options = {}) {
     std::shared_ptr<torch::nn::Module> module = detail::as_module(std::forward<Model>(model));
@@ -106,11 +106,11 @@ class Precision {
       TORCH_CHECK(&parts_[k]->optimizer() != &optimizer, "amp: setup(): this optimizer was already set up (optimizer ",
                   k, "); set up each optimizer once");
     TORCH_CHECK(!detail::closure_based(optimizer),
-                "amp: Precision steps each optimizer with step(), but a "
+                "amp: Fabric steps each optimizer with step(), but a "
                 "closure-based optimizer (LBFGS) re-evaluates the loss inside its step; train it with amp::Trainer");
     detail::validate(options);
     TORCH_CHECK(options.accumulation_steps() == 1,
-                "amp: Precision steps an optimizer at each prec.step(opt), so StepOptions::accumulation_steps must be "
+                "amp: Fabric steps an optimizer at each prec.step(opt), so StepOptions::accumulation_steps must be "
                 "1 in setup(), got ",
                 options.accumulation_steps(), "; accumulate by running several backward() calls before prec.step(opt)");
     detail::check_optimizer<Policy>(optimizer);
@@ -203,7 +203,7 @@ class Precision {
     check_between_iterations("load");
     TORCH_CHECK(!models_.empty(), "amp: load(): no model is set up; call prec.setup(model, optimizer) first");
     torch::serialize::InputArchive archive =
-        detail::open_checkpoint(path, models_.front()->parameters().front().device(), precision, "Precision");
+        detail::open_checkpoint(path, models_.front()->parameters().front().device(), precision_name, "Fabric");
     detail::apply_or_roll_back(
         archive, models_.front()->parameters().front().device(),
         [this](std::ostream& out) { archive_now().save_to(out); },
@@ -224,9 +224,9 @@ class Precision {
 
   scaler_type& scaler() { return scaler_; }
   const scaler_type& scaler() const { return scaler_; }
-  const PrecisionOptions& options() const { return options_; }
+  const FabricOptions& options() const { return options_; }
   // Iterations completed (update() calls), restored by load().
-  int64_t steps() const { return steps_; }
+  int64_t iterations() const { return steps_; }
   size_t num_models() const { return models_.size(); }
   size_t num_optimizers() const { return parts_.size(); }
   // The i-th optimizer set up (setup order).
@@ -241,7 +241,7 @@ class Precision {
   void add_model(const std::shared_ptr<torch::nn::Module>& module) {
     for (const auto& m : models_)
       if (m.get() == module.get()) return;
-    detail::setup_model<Policy, Device>(*module, "Precision", "before prec.setup(model)");
+    detail::setup_model<Policy, Device>(*module, "Fabric", "before prec.setup(model)");
     if constexpr (is_float8_v<Policy>)
       float8::detail::check_device<detail::float8_recipe_t<Policy>>(module->parameters().front().device());
     float8_.track(*module, std::to_string(models_.size()) + ".");  // model i's linears: "<i>.<path>"
@@ -285,7 +285,7 @@ class Precision {
       optimizers.push_back(&part->optimizer());
     }
     torch::serialize::OutputArchive archive =
-        detail::checkpoint_archive(precision, CheckpointCounters{steps_, 0, 0}, modules, optimizers, scaler_);
+        detail::checkpoint_archive(precision_name, CheckpointCounters{steps_, 0, 0}, modules, optimizers, scaler_);
     float8_.write(archive);
     if (options_.rng_state()) detail::write_rng(archive, sync_);
     return archive;
@@ -322,7 +322,7 @@ class Precision {
     return out;
   }
 
-  PrecisionOptions options_;
+  FabricOptions options_;
   scaler_type scaler_;
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
   // Per optimizer, in setup order: its part of the recipe, whether a

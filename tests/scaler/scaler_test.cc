@@ -1,4 +1,4 @@
-// tests/scaler_test.cc: DynamicScaler (= GradScaler) against torch.amp.GradScaler's behaviour.
+// tests/scaler/scaler_test.cc: DynamicScaler (= GradScaler) against torch.amp.GradScaler's behaviour.
 //
 // Ports torch's own GradScaler tests (test/test_cuda.py, test_torch.py:
 // test_grad_scaling_update_scale, _unscale_sparse, _state_dict, _clipping,
@@ -26,7 +26,7 @@
 #include "amp/scaler/no_scaler.h"
 #include "amp/scaler/state_dict.h"
 #include "amp/scaler/static_scaler.h"
-#include "error_of.h"
+#include "../error_of.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 //   bazel test //tests:strict_casts_test
 #include "amp/precision/strict_casts.h"
 
-#include "error_of.h"
+#include "../error_of.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

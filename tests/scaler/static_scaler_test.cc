@@ -1,4 +1,4 @@
-// tests/static_scaler_test.cc: StaticScaler, a fixed loss scale that still skips inf/NaN steps.
+// tests/scaler/static_scaler_test.cc: StaticScaler, a fixed loss scale that still skips inf/NaN steps.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "amp/scaler/static_scaler.h"
-#include "error_of.h"
+#include "../error_of.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// tests/optimizer_state.h: a parameter's entry in a LibTorch optimizer's
+// tests/capture/optimizer_state.h: a parameter's entry in a LibTorch optimizer's
 // state, as tensors and a step count, for tests that compare two runs.
 #pragma once
 

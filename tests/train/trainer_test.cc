@@ -19,7 +19,7 @@
 
 #include "amp/amp.h"
 #include "amp/testing.h"
-#include "error_of.h"
+#include "../error_of.h"
 
 extern char** environ;
 
@@ -88,7 +88,7 @@ TYPED_TEST(TrainerPolicies, LossFallsAndParametersHaveThePolicysDtype) {
   double first = 0, last = 0;
   for (int i = 0; i < 60; ++i) {
     auto r = trainer.step([&](typename T::region_type& region) { return loss_of(region, *net, data.x, data.y); });
-    ASSERT_TRUE(r.boundary);
+    ASSERT_TRUE(r.optimizer_step);
     EXPECT_FALSE(r.skipped());
     if (i == 0) first = r.loss_value();
     last = r.loss_value();
@@ -116,7 +116,7 @@ TEST(Trainer, CustomScalerSavesAndLoads) {
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
   amp::Trainer<P, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
   using T = amp::Trainer<P, amp::CPU>;
-  EXPECT_STREQ(T::precision, "bf16-mixed-plain");
+  EXPECT_STREQ(T::precision_name, "bf16-mixed-plain");
   for (int i = 0; i < 3; ++i) trainer.step([&](auto& r) { return loss_of(r, *net, data.x, data.y); });
   const std::string path = tmp_path("custom_scaler.pt");
   trainer.save(path);
@@ -231,7 +231,7 @@ TEST(Trainer, AccumulationMatchesOneLargeBatch) {
         auto r = trainer.step([&](auto& region) {
           return loss_of(region, *net, data.x.narrow(0, m * b, b), data.y.narrow(0, m * b, b));
         });
-        EXPECT_EQ(r.boundary, m == micro - 1);
+        EXPECT_EQ(r.optimizer_step, m == micro - 1);
       }
     EXPECT_EQ(trainer.steps(), 3);
     return net;
@@ -581,10 +581,10 @@ TEST(TrainerModel, TrainsAStackModelHeldWithoutOwnership) {
   u.load(path);
   EXPECT_TRUE(same_parameters(model, other));
 
-  // Precision (several models) takes it the same way.
+  // Fabric (several models) takes it the same way.
   MnistNet second;
   torch::optim::SGD opt3(second.parameters(), torch::optim::SGDOptions(0.01));
-  amp::Precision<P, amp::CPU> prec;
+  amp::Fabric<P, amp::CPU> prec;
   prec.setup(second, opt3);
   const torch::Tensor w = second.fc1->weight.detach().clone();
   opt3.zero_grad();

@@ -9,7 +9,7 @@
 //     a GPU or without NCCL in the build (AMP_HAS_NCCL, detail/compat_c10d.h);
 //     runs through CMake on a CUDA machine with the pip wheel's LibTorch
 //     (tools/gpu/check.sh). Not run so far: no GPU.
-//   * Precision (two models, two optimizers) with one DataParallel over
+//   * Fabric (two models, two optimizers) with one DataParallel over
 //     all its models' parameters: the same, bit for bit.
 //   * The backend choice's amp: errors that a machine can reach.
 //
@@ -17,7 +17,7 @@
 // 2.6's CUDA headers T (Debian trixie's libtorch-cuda-dev) and CUDA's (one line):
 //   g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -DUSE_C10D_NCCL -DUSE_C10D_GLOO -Iinclude
 //     -isystem $T -isystem $T/torch/csrc/api/include -isystem /usr/local/cuda/include
-//     tests/distributed_world1_test.cc
+//     tests/distributed/distributed_world1_test.cc
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -38,7 +38,7 @@
 #include "amp/detail/compat_c10d.h"
 #include "amp/distributed.h"
 #include "amp/optim/low_bit_adam.h"
-#include "amp/train/precision.h"
+#include "amp/train/fabric.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/train/trainer.h"
 
@@ -153,7 +153,7 @@ TEST(WorldOfOne, CpuLowBitAdamEqualsPlainTrainerBitwise) {
 // bf16 gradients: on LibTorch 1.13 an fp32 copy travels (Gloo has no bf16).
 TEST(WorldOfOne, CpuTrueBf16EqualsPlainTrainerBitwise) { cpu_world_of_one<amp::True<amp::bf16>>(); }
 
-// A small GAN under Precision<bf16-mixed>: D's loss, D's step, G's loss,
+// A small GAN under Fabric<bf16-mixed>: D's loss, D's step, G's loss,
 // G's step, one update; with DataParallel over both models when pg is given.
 std::vector<torch::Tensor> train_gan(const amp::ProcessGroup* pg, int64_t iterations, int64_t* allreduces) {
   torch::manual_seed(0);
@@ -161,7 +161,7 @@ std::vector<torch::Tensor> train_gan(const amp::ProcessGroup* pg, int64_t iterat
   auto disc = torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
   torch::optim::Adam opt_g(gen->parameters(), torch::optim::AdamOptions(1e-2));
   torch::optim::SGD opt_d(disc->parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9));
-  amp::Precision<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> prec;
+  amp::Fabric<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> prec;
   prec.setup(gen, opt_g);
   prec.setup(disc, opt_d, amp::StepOptions().max_grad_norm(1.0));
   std::optional<amp::DataParallel> dp;

@@ -61,7 +61,7 @@ TEST(StepperDynamic, InfOrNanLossSkipsTheStepBacksOffAndTrainingContinues) {
     amp::Stepper<amp::DynamicScaler> stepper(opt, {},
                                              amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.0)));
     auto r0 = stepper.step(f.loss());  // a clean step creates Adam's state
-    ASSERT_TRUE(r0.boundary);
+    ASSERT_TRUE(r0.optimizer_step);
     EXPECT_FALSE(r0.skipped());
     const auto params = snapshot(f.net->parameters());
     const auto state = adam_state(opt);
@@ -143,7 +143,7 @@ TEST(StepperDynamic, AccumulationEqualsOneBigBatch) {
   for (int s = 0; s < 3; ++s) {
     for (int m = 0; m < 4; ++m) {
       auto r = micro.step(a.loss(m * 16, 16));
-      EXPECT_EQ(r.boundary, m == 3);
+      EXPECT_EQ(r.optimizer_step, m == 3);
     }
     big.step(b.loss());
   }

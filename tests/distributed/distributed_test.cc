@@ -18,7 +18,7 @@
 #include "amp/detail/compat_c10d.h"
 #include "amp/distributed.h"
 #include "process_case.h"
-#include "amp/train/precision.h"
+#include "amp/train/fabric.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/train/trainer.h"
 #include "amp/version.h"
@@ -92,10 +92,10 @@ void train_identical(amp::GradCompression compression, int64_t steps, double ada
   check(dp.allreduces() == steps * dp.buckets(),
         "all-reduces " + std::to_string(dp.allreduces()) + " != steps * buckets");
   check(!torch::equal(initial, p0.detach()), "the first parameter did not change");
-  check_identical(dp, trainer, trainer.precision);
-  std::cout << "PASS " << test_case::name << " " << trainer.precision << " world " << pg.world_size() << " buckets "
-            << dp.buckets() << " all-reduces " << dp.allreduces() << " (" << p0.scalar_type() << " gradients sent as "
-            << pg.wire_dtype(p0) << ")" << std::endl;
+  check_identical(dp, trainer, trainer.precision_name);
+  std::cout << "PASS " << test_case::name << " " << trainer.precision_name << " world " << pg.world_size()
+            << " buckets " << dp.buckets() << " all-reduces " << dp.allreduces() << " (" << p0.scalar_type()
+            << " gradients sent as " << pg.wire_dtype(p0) << ")" << std::endl;
 }
 
 // Gradients compressed to fp16 or bf16 on the wire: trained where this
@@ -239,7 +239,7 @@ void inf_one_rank() {
   std::cout << "PASS " << test_case::name << " scale " << scale0 << " -> " << scale << std::endl;
 }
 
-// Precision with two models and one DataParallel over both: every rank ends
+// Fabric with two models and one DataParallel over both: every rank ends
 // bit-identical; with loss scaling (fp16 on CPU, LibTorch >= 2.3) an inf in
 // D's loss on the last rank skips D on every rank, G steps everywhere, and
 // the scale backs off once.
@@ -257,7 +257,7 @@ void precision_two_models() {
     else
       return amp::NoScaler();
   }();
-  amp::Precision<Policy, amp::CPU> prec(amp::PrecisionOptions(), std::move(scaler));
+  amp::Fabric<Policy, amp::CPU> prec(amp::FabricOptions(), std::move(scaler));
   prec.setup(gen, opt_g);
   prec.setup(disc, opt_d);
   amp::DataParallel dp(pg, prec.parameters(), prec.buffers(), amp::DataParallelOptions(), prec.parameter_names());
@@ -291,7 +291,7 @@ void precision_two_models() {
   bits.push_back(torch::full({1}, prec.scaler().get_scale(), torch::kFloat));
   auto all = pg.allgather(torch::cat(bits), "test gather");
   for (size_t r = 1; r < all.size(); ++r) check(torch::equal(all[0], all[r]), "ranks differ");
-  std::cout << "PASS " << test_case::name << " " << prec.precision << (scaled ? " with an inf on one rank" : "")
+  std::cout << "PASS " << test_case::name << " " << prec.precision_name << (scaled ? " with an inf on one rank" : "")
             << std::endl;
 }
 
@@ -319,7 +319,7 @@ void accumulate() {
     auto r = trainer.step([&](auto&) { return torch::mse_loss(net->forward(x), y); });
     const int64_t issued = dp.allreduces() - before;
     per_step += std::to_string(issued) + " ";
-    check(issued == (r.boundary ? dp.buckets() : 0),
+    check(issued == (r.optimizer_step ? dp.buckets() : 0),
           "micro-batch " + std::to_string(s) + " issued " + std::to_string(issued) + " all-reduces");
   }
   check(trainer.steps() == 4, "expected 4 optimizer steps");
@@ -480,8 +480,8 @@ void float8_delayed() {
   const auto all = pg.allgather(mine, "test gather");
   for (size_t r = 1; r < all.size(); ++r)
     check(torch::equal(all[0], all[r]), "float8 state of rank " + std::to_string(r) + " differs from rank 0's");
-  check_identical(dp, trainer, trainer.precision);
-  std::cout << "PASS float8 " << trainer.precision << " world " << pg.world_size() << std::endl;
+  check_identical(dp, trainer, trainer.precision_name);
+  std::cout << "PASS float8 " << trainer.precision_name << " world " << pg.world_size() << std::endl;
 #else
   std::cout << "PASS float8 (skipped: Float8 on CPU needs LibTorch 2.8+)" << std::endl;
 #endif
@@ -503,8 +503,8 @@ void float8_rowwise() {
     trainer.step([&](auto&) { return (net->forward(x).to(torch::kFloat) - y).pow(2).mean(); });
   }
   check(!torch::equal(before, net->parameters()[0]), "the float8 layer did not train");
-  check_identical(dp, trainer, trainer.precision);
-  std::cout << "PASS float8_rowwise " << trainer.precision << " world " << pg.world_size() << std::endl;
+  check_identical(dp, trainer, trainer.precision_name);
+  std::cout << "PASS float8_rowwise " << trainer.precision_name << " world " << pg.world_size() << std::endl;
 #else
   std::cout << "PASS float8_rowwise (skipped: rowwise scales on CPU need LibTorch 2.14+)" << std::endl;
 #endif

@@ -19,7 +19,7 @@
 #include "amp/detail/compat_float8.h"
 #include "amp/float8/recipe.h"
 #include "amp/precision/region.h"
-#include "error_of.h"
+#include "../error_of.h"
 
 namespace {
 
