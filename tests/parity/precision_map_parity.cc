@@ -78,7 +78,9 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 struct MlpImpl : torch::nn::Module {
-  MlpImpl() : fc1(register_module("fc1", torch::nn::Linear(kD, 64))), fc2(register_module("fc2", torch::nn::Linear(64, kD))) {}
+  MlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(kD, 64))),
+        fc2(register_module("fc2", torch::nn::Linear(64, kD))) {}
   torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
   torch::nn::Linear fc1, fc2;
 };
@@ -121,8 +123,7 @@ void run(std::ofstream& steps, const std::string& out, const Data& data, const s
     }
   }();
   amp::Trainer<Policy, amp::CPU> trainer(
-      model, opt,
-      amp::TrainerOptions().progress(false).fused(false).region(amp::RegionOptions().precision_map(map)),
+      model, opt, amp::TrainerOptions().progress(false).fused(false).region(amp::RegionOptions().precision_map(map)),
       std::move(scaler));
   for (int i = 0; i < kSteps; ++i) {
     const bool poison = amp::uses_loss_scaling_v<typename Policy::scaler_type> && (i == 3 || i == 4 || i == 40);

@@ -23,7 +23,9 @@ using P = amp::ModulePrecision;
 
 // An MLP, a member of the model below.
 struct BlockImpl : torch::nn::Module {
-  BlockImpl() : fc1(register_module("fc1", torch::nn::Linear(16, 32))), fc2(register_module("fc2", torch::nn::Linear(32, 16))) {}
+  BlockImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(16, 32))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 16))) {}
   torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
   torch::nn::Linear fc1, fc2;
 };
@@ -231,10 +233,9 @@ TEST(PrecisionMap, TrainerStepsEqualTheHandWrittenLoop) {
   Net a = make_net(), b = make_net();
   torch::optim::SGD opt_a(a->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::SGD opt_b(b->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  amp::Trainer<M, amp::CPU> trainer(
-      a, opt_a,
-      amp::TrainerOptions().progress(false).fused(false).region(
-          with(amp::PrecisionMap().path("head", P::kFp32).path("block.fc2", P::kFp32))));
+  amp::Trainer<M, amp::CPU> trainer(a, opt_a,
+                                    amp::TrainerOptions().progress(false).fused(false).region(
+                                        with(amp::PrecisionMap().path("head", P::kFp32).path("block.fc2", P::kFp32))));
   for (int i = 0; i < 10; ++i) {
     const torch::Tensor x = torch::randn({16, 8}), y = torch::randn({16, 4});
     trainer.step([&](auto&) { return torch::mse_loss(a->forward(x), y); });
@@ -253,6 +254,38 @@ TEST(PrecisionMap, TrainerStepsEqualTheHandWrittenLoop) {
     EXPECT_TRUE(torch::equal(a->parameters()[i], b->parameters()[i])) << "parameter " << i;
   // evaluate() runs under the same map.
   EXPECT_EQ(trainer.evaluate([&](auto&) { return a->forward(torch::randn({2, 8})); }).scalar_type(), torch::kFloat);
+}
+
+// Fabric: model i's modules under "<i>.", resolved at the first forward.
+TEST(PrecisionMap, FabricNamesModelIUnderI) {
+  Net g = make_net(), d = make_net();
+  torch::optim::SGD opt_g(g->parameters(), 0.1), opt_d(d->parameters(), 0.1);
+  amp::Fabric<M, amp::CPU> fabric(amp::FabricOptions().region(with(amp::PrecisionMap().path("1.head", P::kFp32))));
+  fabric.setup(g, opt_g);
+  fabric.setup(d, opt_d);
+  const torch::Tensor x = torch::randn({4, 8});
+  fabric.forward([&](auto&) {
+    EXPECT_EQ(g->forward(x).scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(d->forward(x).scalar_type(), torch::kFloat);
+    return torch::Tensor();
+  });
+  amp::Fabric<M, amp::CPU> wrong(amp::FabricOptions().region(with(amp::PrecisionMap().path("head", P::kFp32))));
+  wrong.setup(g, opt_g);
+  EXPECT_THAT(error_of([&] { wrong.forward([&](auto&) { return g->forward(x); }); }),
+              AllOf(HasSubstr("path \"head\" matches no module"), HasSubstr("\"0.head\"")));
+}
+
+// What fit() prints for a Float8 policy: the linears the map keeps out of float8.
+TEST(PrecisionMap, Float8CoverageListsTheMappedLinears) {
+  torch::nn::Sequential seq(torch::nn::Linear(64, 64), torch::nn::Linear(64, 16), torch::nn::Linear(16, 10));
+  const auto table = amp::PrecisionMap().path("1", P::kNotFloat8).resolve({{"", seq.ptr().get()}});
+  const amp::float8::Coverage c = amp::float8::coverage(*seq, table.get());
+  EXPECT_EQ(c.converted, std::vector<std::string>{"0"});
+  EXPECT_EQ(c.mapped, std::vector<std::string>{"1 (not float8)"});
+  EXPECT_EQ(c.kept, std::vector<std::string>{"2 [10, 16]"});
+  EXPECT_EQ(amp::float8::detail::describe(c),
+            "float8: 1 linear(s), 1 kept in bf16 (dimensions not multiples of 16: 2 [10, 16]), 1 kept out by the "
+            "precision map: 1 (not float8)");
 }
 
 TEST(PrecisionMap, MappedToTheOther16BitDtype) {
@@ -277,9 +310,8 @@ TEST(PrecisionMap, ErrorsNameTheFix) {
   EXPECT_THAT(error_of([&] { amp::Region<M, amp::CPU> r(with(amp::PrecisionMap().regex("x.*", P::kFp32)), *net); }),
               HasSubstr("amp: the precision map's regex \"x.*\" matches no module"));
   torch::nn::Sequential seq(torch::nn::Linear(4, 4), torch::nn::Softmax(1));
-  EXPECT_THAT(
-      error_of([&] { amp::Region<M, amp::CPU> r(with(amp::PrecisionMap().path("1", P::kFp32)), *seq); }),
-      AllOf(HasSubstr("matches only modules without parameters"), HasSubstr("region.full_precision(f)")));
+  EXPECT_THAT(error_of([&] { amp::Region<M, amp::CPU> r(with(amp::PrecisionMap().path("1", P::kFp32)), *seq); }),
+              AllOf(HasSubstr("matches only modules without parameters"), HasSubstr("region.full_precision(f)")));
   EXPECT_THAT(error_of([&] { amp::Region<M, amp::CPU> r(with(amp::PrecisionMap().path("head", P::kFp32))); }),
               HasSubstr("amp: a Region with a precision map needs the model"));
   EXPECT_THAT(error_of([&] {
@@ -296,8 +328,8 @@ TEST(PrecisionMap, ErrorsNameTheFix) {
               HasSubstr("amp: a precision map needs a policy that autocasts"));
   torch::optim::SGD opt(net->parameters(), 0.1);
   EXPECT_THAT(error_of([&] {
-                amp::Trainer<M, amp::CPU> t(net, opt,
-                                            amp::TrainerOptions().region(with(amp::PrecisionMap().path("x", P::kFp32))));
+                amp::Trainer<M, amp::CPU> t(
+                    net, opt, amp::TrainerOptions().region(with(amp::PrecisionMap().path("x", P::kFp32))));
               }),
               HasSubstr("amp: the precision map's path \"x\" matches no module"));
 }

@@ -128,8 +128,8 @@ class PrecisionMap {
     static_assert(std::is_base_of_v<torch::nn::Module, ModuleImpl>,
                   "amp: PrecisionMap::type<M>() takes a module class: torch::nn::LayerNormImpl, not "
                   "torch::nn::LayerNorm (the ModuleHolder)");
-    rules_.push_back(Rule{Kind::kType, c10::demangle(typeid(ModuleImpl).name()), {}, std::type_index(typeid(ModuleImpl)),
-                          precision});
+    rules_.push_back(Rule{
+        Kind::kType, c10::demangle(typeid(ModuleImpl).name()), {}, std::type_index(typeid(ModuleImpl)), precision});
     return changed();
   }
 
@@ -206,8 +206,8 @@ class PrecisionMap {
           with_params = true;
         }
       }
-      TORCH_CHECK(picked, "amp: the precision map's ", describe(r), " matches no module of the model; its modules are: ",
-                  names(modules));
+      TORCH_CHECK(picked, "amp: the precision map's ", describe(r),
+                  " matches no module of the model; its modules are: ", names(modules));
       TORCH_CHECK(with_params, "amp: the precision map's ", describe(r),
                   " matches only modules without parameters, which the map cannot see (it finds a module's ops "
                   "by its parameters); run such a module in region.full_precision(f) or under "
@@ -319,8 +319,7 @@ inline void mapped_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, t
     }
   }
   // redispatch follows the key set, not the thread's: autocast's key leaves it for kFp32
-  const c10::DispatchKeySet keys_now =
-      *p == ModulePrecision::kFp32 ? below.remove(autocast_key(s.device)) : below;
+  const c10::DispatchKeySet keys_now = *p == ModulePrecision::kFp32 ? below.remove(autocast_key(s.device)) : below;
   in_precision(*p, s.device, [&] { op.redispatchBoxed(keys_now, stack); });
 }
 
@@ -329,12 +328,24 @@ inline void mapped_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, t
 inline void register_precision_map_kernels() {
   static const bool registered = [] {
     static torch::Library kernels(torch::Library::IMPL, "aten", kLinearRoutingKey, __FILE__, __LINE__);
-    const std::pair<const char*, const char*> ops[] = {
-        {"layer_norm", ""},       {"rms_norm", ""},         {"group_norm", ""},       {"batch_norm", ""},
-        {"instance_norm", ""},    {"embedding", ""},        {"embedding_bag", ""},    {"conv1d", ""},
-        {"conv1d", "padding"},    {"conv2d", ""},           {"conv2d", "padding"},    {"conv3d", ""},
-        {"conv3d", "padding"},    {"conv_transpose1d", ""}, {"conv_transpose2d", "input"},
-        {"conv_transpose3d", "input"}, {"prelu", ""},        {"bilinear", ""}};
+    const std::pair<const char*, const char*> ops[] = {{"layer_norm", ""},
+                                                       {"rms_norm", ""},
+                                                       {"group_norm", ""},
+                                                       {"batch_norm", ""},
+                                                       {"instance_norm", ""},
+                                                       {"embedding", ""},
+                                                       {"embedding_bag", ""},
+                                                       {"conv1d", ""},
+                                                       {"conv1d", "padding"},
+                                                       {"conv2d", ""},
+                                                       {"conv2d", "padding"},
+                                                       {"conv3d", ""},
+                                                       {"conv3d", "padding"},
+                                                       {"conv_transpose1d", ""},
+                                                       {"conv_transpose2d", "input"},
+                                                       {"conv_transpose3d", "input"},
+                                                       {"prelu", ""},
+                                                       {"bilinear", ""}};
     for (const auto& op : ops) {
       if (!c10::Dispatcher::singleton().findSchema({std::string("aten::") + op.first, op.second})) continue;
       const std::string name = std::string(op.first) + (op.second[0] ? std::string(".") + op.second : "");

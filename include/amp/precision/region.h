@@ -196,8 +196,10 @@ void check_precision_map(const RegionOptions& options) {
               name, " runs the whole model in one dtype; use a Mixed policy, or convert the module yourself");
   TORCH_CHECK(options.linear_routing() == LinearRouting::kOn,
               "amp: a precision map runs on linear routing's dispatch key; leave RegionOptions::linear_routing on");
-  TORCH_CHECK(is_float8_v<Policy> || !map.maps_to(ModulePrecision::kNotFloat8), "amp: the precision map has "
-              "ModulePrecision::kNotFloat8 entries, but ", name, " runs no linear in float8; drop them");
+  TORCH_CHECK(is_float8_v<Policy> || !map.maps_to(ModulePrecision::kNotFloat8),
+              "amp: the precision map has "
+              "ModulePrecision::kNotFloat8 entries, but ",
+              name, " runs no linear in float8; drop them");
   if constexpr (std::is_same_v<Device, CPU>) {
     TORCH_CHECK(compat::kCpuHasFp16 || !map.maps_to(ModulePrecision::kFp16),
                 "amp: the precision map maps a module to fp16, but CPU autocast to fp16 needs LibTorch 2.3 or newer; "

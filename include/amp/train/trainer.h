@@ -181,7 +181,8 @@ class Trainer {
     History history;
     detail::Progress bar(fo.progress().value_or(options_.progress()), fo.max_steps(), precision_name, fo.log_every());
     bar.note(std::string("optimizer path: ") + optimizer_path());
-    if constexpr (is_float8_v<Policy>) bar.note(float8::detail::describe(float8::coverage(*module_)));
+    if constexpr (is_float8_v<Policy>)
+      bar.note(float8::detail::describe(float8::coverage(*module_, precision_table_.get())));
     detail::PendingMetrics pending;
     auto flush = [&] { pending.flush(history, bar); };
     bool stop = fo.max_steps() >= 0 && steps() >= fo.max_steps();
