@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from parity_io import backward_and_step, bits  # noqa: E402
+from parity_io import backward_and_step, bits, first_difference, read_steps  # noqa: E402
 
 STEPS = 100
 B, T, D, V = 4, 8, 32, 16
@@ -121,21 +121,17 @@ def run(name, cls, dtype, x, y, mapped=True):
 
 def main(out):
     print(f"precision_map_twin: torch {torch.__version__} on cpu")
-    cpp = {}
-    for line in open(f"{out}/cpp_steps.txt"):
-        name, i, loss, scale = line.split()
-        cpp.setdefault(name, []).append((name, int(i), int(loss), int(scale)))
     expected = runs()
-    if set(cpp) != set(expected):
-        print(f"FAIL the C++ half ran {sorted(cpp)}, expected {sorted(expected)}")
+    cpp = read_steps(out, expected)
+    if cpp is None:
         return 1
     x, y = data()
     failed = 0
     for name, (cls, dtype) in expected.items():
         rows, params = run(name, cls, dtype, x, y)
         cpp_params = torch.load(f"{out}/{name}.params.pt", weights_only=False)
-        first = next((i for i, (a, b) in enumerate(zip(rows, cpp[name])) if a != b), None)
-        same_steps = first is None and len(rows) == len(cpp[name])
+        first = first_difference(rows, cpp[name])
+        same_steps = first is None
         same_params = len(params) == len(cpp_params) and all(torch.equal(a, b) for a, b in zip(params, cpp_params))
         # The map is not vacuous: without the fp32 wrappers the twin differs.
         unmapped, _ = run(name, cls, dtype, x, y, mapped=False)
