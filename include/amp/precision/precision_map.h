@@ -356,16 +356,17 @@ inline void register_precision_map_kernels() {
   (void)registered;
 }
 
-// RAII: this thread's ops follow `table` (null: no map) until the guard dies.
+// RAII: this thread's ops follow the installed table (none: as before)
+// until the guard dies, when the enclosing table comes back.
 class PrecisionMapGuard {
  public:
-  explicit PrecisionMapGuard(std::shared_ptr<const PrecisionTable> table)
-      : table_(std::move(table)), prev_(precision_table()), prev_mapped_(linear_routing_state().mapped) {
-    if (table_ != nullptr) {
-      register_precision_map_kernels();
-      precision_table() = table_.get();
-      linear_routing_state().mapped = &mapped_linear;
-    }
+  PrecisionMapGuard() : prev_(precision_table()), prev_mapped_(linear_routing_state().mapped) {}
+  void install(std::shared_ptr<const PrecisionTable> table) {
+    if (table == nullptr) return;
+    register_precision_map_kernels();
+    table_ = std::move(table);
+    precision_table() = table_.get();
+    linear_routing_state().mapped = &mapped_linear;
   }
   ~PrecisionMapGuard() {
     precision_table() = prev_;

@@ -259,7 +259,7 @@ class Region {
       : Region(options.strict_casts(), options.linear_routing()) {
     if (table != nullptr) {
       detail::check_precision_map<Policy, Device>(options);
-      map_.emplace(std::move(table));
+      map_.install(std::move(table));
     }
   }
   // User-provided on purpose: `amp::Region<amp::True<amp::fp64>, amp::CPU> region;`
@@ -348,7 +348,7 @@ class Region {
   // After guard_: the linears it routes go to float8 while both live.
   [[maybe_unused]] float8_type float8_;
   // After guard_: mapped ops run in their module's precision while routing is on.
-  std::optional<detail::PrecisionMapGuard> map_;
+  detail::PrecisionMapGuard map_;
 };
 
 }  // namespace amp
