@@ -22,6 +22,9 @@
 //                        trained by amp::Trainer<amp::Float8<...>>, the
 //                        policy itself: qkv, proj, fc1, fc2 in float8, the
 //                        head, attention's matmuls and the rest in bf16
+//   fp8-tensorwise-block-head-not-fp8, fp8-tensorwise-block-head-fp32
+//                        the block with a 16-class head, which fits float8,
+//                        kept out of it by a precision map (bf16; fp32)
 //   fp8-rowwise-{mlp,block}, fp8-rowwise-gw-hp-{mlp,block}
 //                        torchao's ROWWISE and ROWWISE_WITH_GW_HP
 //                        (amp/float8/rowwise.h), from LibTorch 2.14 (a CPU
@@ -106,15 +109,15 @@ void run_mlp(std::ofstream& steps, const std::string& out, const std::string& ru
 
 #if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL  // a Float8 Trainer on CPU
 struct BlockImpl : torch::nn::Module {
-  BlockImpl()
+  explicit BlockImpl(int64_t classes = 10)
       : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({64})))),
         qkv(register_module("qkv", torch::nn::Linear(64, 192))),
         proj(register_module("proj", torch::nn::Linear(64, 64))),
         ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({64})))),
         fc1(register_module("fc1", torch::nn::Linear(64, 256))),
         fc2(register_module("fc2", torch::nn::Linear(256, 64))),
-        head(register_module("head", torch::nn::Linear(64, 10))) {}
-  torch::Tensor forward(const torch::Tensor& x) {  // [B, T, 64] -> [B, 10]
+        head(register_module("head", torch::nn::Linear(64, classes))) {}
+  torch::Tensor forward(const torch::Tensor& x) {  // [B, T, 64] -> [B, classes]
     const int64_t b = x.size(0), t = x.size(1);
     const auto parts = qkv(ln1(x)).reshape({b, t, 3, 4, 16}).permute({2, 0, 3, 1, 4});  // [3, B, heads, T, 16]
     const auto q = parts[0], k = parts[1], v = parts[2];
@@ -137,9 +140,10 @@ template <int H, int M>
 constexpr bool kIsDelayed<amp::Delayed<H, M>> = true;
 
 template <class Policy>
-void run_block(std::ofstream& steps, const std::string& out, const std::string& run) {
+void run_block(std::ofstream& steps, const std::string& out, const std::string& run, int64_t classes = 10,
+               const amp::PrecisionMap& map = {}) {
   torch::manual_seed(0);
-  Block model;
+  Block model(classes);
   {
     torch::NoGradGuard no_grad;  // the linears' parameters from randn, in registration order; LayerNorms 1 and 0
     for (auto& item : model->named_parameters())
@@ -149,7 +153,8 @@ void run_block(std::ofstream& steps, const std::string& out, const std::string& 
   const auto x = torch::randn({kSteps, 5, 8, 64});
   const auto y = torch::randint(0, 10, {kSteps, 5}, torch::kLong);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  amp::Trainer<Policy, amp::CPU> trainer(model, opt, amp::TrainerOptions().progress(false).fused(false));
+  amp::Trainer<Policy, amp::CPU> trainer(
+      model, opt, amp::TrainerOptions().progress(false).fused(false).region(amp::RegionOptions().precision_map(map)));
   for (int i = 0; i < kSteps; ++i) {
     const amp::StepResult r =
         trainer.step([&](auto&) { return torch::nn::functional::cross_entropy(model->forward(x[i]), y[i]); });
@@ -182,6 +187,12 @@ int main(int argc, char** argv) {
 #if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
     run_block<amp::Float8<amp::Tensorwise>>(steps, out, "fp8-tensorwise-block");
     run_block<amp::Float8<amp::Delayed<16, 0>>>(steps, out, "fp8-delayed-block");
+    // A head that fits float8 (16 classes), kept out of it by the precision map: bf16, or fp32.
+    using MP = amp::ModulePrecision;
+    run_block<amp::Float8<amp::Tensorwise>>(steps, out, "fp8-tensorwise-block-head-not-fp8", 16,
+                                            amp::PrecisionMap().path("head", MP::kNotFloat8));
+    run_block<amp::Float8<amp::Tensorwise>>(steps, out, "fp8-tensorwise-block-head-fp32", 16,
+                                            amp::PrecisionMap().path("head", MP::kFp32));
 #endif
 #if AMP_DETAIL_HAS_CPU_ROWWISE_FLOAT8
     run_mlp(steps, out, "fp8-rowwise-mlp", Recipe::kRowwise);

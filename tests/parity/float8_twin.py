@@ -290,15 +290,16 @@ def run_mlp(recipe):
 class Block(torch.nn.Module):
     """float8_parity.cc's BlockImpl, op for op."""
 
-    def __init__(self):
+    def __init__(self, classes=10, head=None):
         super().__init__()
+        self.head_mode = head  # None: as the other linears; "bf16": plain autocast; "fp32": autocast off
         self.ln1 = torch.nn.LayerNorm(64)
         self.qkv = torch.nn.Linear(64, 192)
         self.proj = torch.nn.Linear(64, 64)
         self.ln2 = torch.nn.LayerNorm(64)
         self.fc1 = torch.nn.Linear(64, 256)
         self.fc2 = torch.nn.Linear(256, 64)
-        self.head = torch.nn.Linear(64, 10)
+        self.head = torch.nn.Linear(64, classes)
 
     def forward(self, x, linear):
         lin = lambda m, t: linear(t, m)
@@ -309,12 +310,17 @@ class Block(torch.nn.Module):
         o = torch.matmul(att, v).permute(0, 2, 1, 3).reshape(b, t, 64)
         h = x + lin(self.proj, o)
         h = h + lin(self.fc2, F.gelu(lin(self.fc1, self.ln2(h))))
+        if self.head_mode == "bf16":
+            return self.head(h.mean(1))
+        if self.head_mode == "fp32":
+            with torch.autocast("cpu", enabled=False):
+                return self.head(h.mean(1).float())
         return lin(self.head, h.mean(1))
 
 
-def run_block(recipe):
+def run_block(recipe, classes=10, head=None):
     torch.manual_seed(0)
-    model = Block()
+    model = Block(classes, head)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if not name.startswith("ln"):
@@ -330,6 +336,9 @@ def run_block(recipe):
 RECIPES = ("tensorwise", "delayed", "rowwise", "rowwise-gw-hp")
 RUNS = {f"fp8-{r}-{m}": (lambda r=r, run=run: run(r)) for r in RECIPES for m, run in (("mlp", run_mlp),
                                                                                          ("block", run_block))}
+# The precision map keeps a head that fits float8 out of it (C++: PrecisionMap().path("head", ...)).
+RUNS["fp8-tensorwise-block-head-not-fp8"] = lambda: run_block("tensorwise", 16, "bf16")
+RUNS["fp8-tensorwise-block-head-fp32"] = lambda: run_block("tensorwise", 16, "fp32")
 
 
 def vectorized_update_is_the_loop():

@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from parity_io import backward_and_step, bits, make_mlp  # noqa: E402
+from parity_io import backward_and_step, bits, first_difference, make_mlp, read_steps  # noqa: E402
 
 STEPS = 100
 
@@ -324,13 +324,9 @@ def same(a, b):
 
 def main(out):
     print(f"low_bit_twin: torch {torch.__version__} on cpu")
-    cpp = {}
-    for line in open(f"{out}/cpp_steps.txt"):
-        name, i, loss, scale = line.split()
-        cpp.setdefault(name, []).append((name, int(i), int(loss), int(scale)))
     expected = runs()
-    if set(cpp) != set(expected):
-        print(f"FAIL the C++ half ran {sorted(cpp)}, expected {sorted(expected)}")
+    cpp = read_steps(out, expected)
+    if cpp is None:
         return 1
     x, y = data()
     failed = 0
@@ -338,8 +334,8 @@ def main(out):
         rows, params, states = run(name, r, x, y)
         cpp_params = torch.load(f"{out}/{name}.params.pt", weights_only=False)
         cpp_states = torch.load(f"{out}/{name}.states.pt", weights_only=False)
-        first = next((i for i, (a, b) in enumerate(zip(rows, cpp[name])) if a != b), None)
-        same_steps = first is None and len(rows) == len(cpp[name])
+        first = first_difference(rows, cpp[name])
+        same_steps = first is None
         same_params = len(params) == len(cpp_params) and all(same(a, b) for a, b in zip(params, cpp_params))
         same_states = len(states) == len(cpp_states) and all(same(a, b) for a, b in zip(states, cpp_states))
         skips = sum(1 for i in range(1, STEPS) if rows[i][3] < rows[i - 1][3])

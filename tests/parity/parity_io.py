@@ -33,3 +33,23 @@ def backward_and_step(loss, opt, scaler):
     scaler.step(opt)
     scaler.update()
     return scaler.get_scale()
+
+
+def read_steps(out, expected):
+    """The C++ half's OUT/cpp_steps.txt ("name step loss_bits scale_bits" lines) as
+    {name: [(name, step, loss, scale), ...]}, or None after saying why when its
+    runs are not `expected`."""
+    cpp = {}
+    for line in open(f"{out}/cpp_steps.txt"):
+        name, i, loss, scale = line.split()
+        cpp.setdefault(name, []).append((name, int(i), int(loss), int(scale)))
+    if set(cpp) != set(expected):
+        print(f"FAIL the C++ half ran {sorted(cpp)}, expected {sorted(expected)}")
+        return None
+    return cpp
+
+
+def first_difference(rows, cpp_rows):
+    """The first step whose row differs (None: every step equal)."""
+    first = next((i for i, (a, b) in enumerate(zip(rows, cpp_rows)) if a != b), None)
+    return first if first is not None or len(rows) == len(cpp_rows) else min(len(rows), len(cpp_rows))

@@ -39,13 +39,18 @@ namespace float8 {
 struct Coverage {
   std::vector<std::string> converted;  // module paths of the nn::Linear layers whose weight fits
   std::vector<std::string> kept;       // "path [out, in]" of those whose dimensions are not multiples of 16
+  std::vector<std::string> mapped;     // "path (fp32)" of those a precision map keeps out of float8
 };
 
-inline Coverage coverage(const torch::nn::Module& model) {
+// `map`: a region's precision map resolved against `model` (PrecisionMap::resolve), or null.
+inline Coverage coverage(const torch::nn::Module& model, const amp::detail::PrecisionTable* map = nullptr) {
   Coverage out;
   for (const auto& [name, linear] : linears_of(model)) {
     const at::Tensor& w = linear->weight;
-    if (fits(w)) {
+    const ModulePrecision* p = map != nullptr ? amp::detail::mapped_precision(*map, w) : nullptr;
+    if (p != nullptr) {
+      out.mapped.push_back(name + " (" + to_string(*p) + ")");
+    } else if (fits(w)) {
       out.converted.push_back(name);
     } else {
       out.kept.push_back(name + " [" + std::to_string(w.size(0)) + ", " + std::to_string(w.size(1)) + "]");
@@ -63,6 +68,10 @@ inline std::string describe(const Coverage& c) {
     s += ", " + std::to_string(c.kept.size()) + " kept in bf16 (dimensions not multiples of 16:";
     for (const std::string& k : c.kept) s += " " + k;
     s += ")";
+  }
+  if (!c.mapped.empty()) {
+    s += ", " + std::to_string(c.mapped.size()) + " kept out by the precision map:";
+    for (const std::string& m : c.mapped) s += " " + m;
   }
   return s;
 }

@@ -73,10 +73,16 @@ inline constexpr c10::DispatchKey kLinearRoutingKey = c10::DispatchKey::TESTING_
 using LinearFn = at::Tensor (*)(const at::Tensor& input, const at::Tensor& weight,
                                 const c10::optional<at::Tensor>& bias);
 
+// A routed linear whose weight a precision map claims (amp/precision/precision_map.h):
+// runs it into `out` and returns true; false: not mapped.
+using MappedLinearFn = bool (*)(const at::Tensor& input, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias, c10::DeviceType device, at::Tensor& out);
+
 struct LinearRoutingState {
   bool on = false;
   c10::DeviceType device = c10::DeviceType::CPU;
   LinearFn fn = nullptr;
+  MappedLinearFn mapped = nullptr;  // checked before fn
   // The output of the last matmul(x, w.t()) routed to `fn` (identity only):
   // LibTorch's C++ F::linear adds the bias to it next (`output += bias`, in
   // the fp32 bias's precision); routed_add_ casts that bias to the output's
@@ -135,8 +141,13 @@ inline bool routes(const LinearRoutingState& s, const at::Tensor& weight) {
 
 inline bool is_one(const c10::Scalar& s) { return !s.isComplex() && s.toDouble() == 1.0; }
 
+// A routed linear: the precision map's, else the LinearFn's (`*by_fn` says
+// which ran), else at::linear.
 inline at::Tensor run_linear(const LinearRoutingState& s, const at::Tensor& input, const at::Tensor& weight,
-                             const c10::optional<at::Tensor>& bias) {
+                             const c10::optional<at::Tensor>& bias, bool* by_fn = nullptr) {
+  at::Tensor out;
+  if (s.mapped != nullptr && s.mapped(input, weight, bias, s.device, out)) return out;
+  if (by_fn != nullptr) *by_fn = s.fn != nullptr;
   return s.fn ? s.fn(input, weight, bias) : at::_ops::linear::call(input, weight, bias);
 }
 
@@ -163,8 +174,9 @@ inline at::Tensor routed_matmul(c10::DispatchKeySet keys, const at::Tensor& self
   if (s.on) {
     const at::Tensor w = transposed_leaf(other);
     if (w.defined() && routes(s, w)) {
-      at::Tensor out = run_linear(s, self, w, c10::nullopt);
-      s.bias_pending = s.fn ? out.unsafeGetTensorImpl() : nullptr;
+      bool by_fn = false;
+      at::Tensor out = run_linear(s, self, w, c10::nullopt, &by_fn);
+      s.bias_pending = by_fn ? out.unsafeGetTensorImpl() : nullptr;
       return out;
     }
   }
@@ -188,7 +200,7 @@ inline at::Tensor routed_linear(c10::DispatchKeySet keys, const at::Tensor& inpu
                                 const c10::optional<at::Tensor>& bias) {
   c10::impl::ExcludeDispatchKeyGuard nested(kLinearRoutingKey);
   const LinearRoutingState& s = linear_routing_state();
-  if (s.on && s.fn && routes(s, weight)) return s.fn(input, weight, bias);
+  if (s.on && (s.fn || s.mapped) && routes(s, weight)) return run_linear(s, input, weight, bias);
   return at::_ops::linear::redispatch(below_routing(keys), input, weight, bias);
 }
 
@@ -237,6 +249,7 @@ class LinearRoutingGuard {
     c10::impl::tls_set_dispatch_key_included(kLinearRoutingKey, prev_included_);
     linear_routing_state().on = prev_.on;
     linear_routing_state().device = prev_.device;
+    linear_routing_state().mapped = prev_.mapped;
     linear_routing_state().bias_pending = nullptr;
   }
   LinearRoutingGuard(const LinearRoutingGuard&) = delete;

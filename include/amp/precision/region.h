@@ -32,6 +32,8 @@
 //  * A Mixed region routes LibTorch's C++ linear layers to aten::linear, so
 //    each weight is cast once per region, as in Python (amp/precision/linear_routing.h):
 //    Region(amp::LinearRouting::kOn | kOff), default kOn.
+//  * A precision map (amp/precision/precision_map.h) runs chosen modules in
+//    fp32, bf16 or fp16, or out of float8: Region(RegionOptions().precision_map(map), model).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,7 +42,9 @@
 #include <c10/core/ScalarType.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -49,6 +53,7 @@
 #include "amp/core/device.h"
 #include "amp/core/dtype.h"
 #include "amp/precision/linear_routing.h"
+#include "amp/precision/precision_map.h"
 #include "amp/core/policy.h"
 #include "amp/precision/strict_casts.h"
 #include "amp/precision/tf32.h"
@@ -175,7 +180,33 @@ struct RegionOptions {
   // Python's nn.Linear does (amp/precision/linear_routing.h). Mixed policies
   // only; a Float8 region runs its linears through it, so it must stay on.
   TORCH_ARG(LinearRouting, linear_routing) = LinearRouting::kOn;
+  // Modules that run in another precision (amp/precision/precision_map.h):
+  // Mixed and Float8 policies, with linear routing on.
+  TORCH_ARG(PrecisionMap, precision_map) = {};
 };
+
+namespace detail {
+// The precision map's rules that depend on the policy and the device, as amp: errors.
+template <class Policy, class Device>
+void check_precision_map(const RegionOptions& options) {
+  const PrecisionMap& map = options.precision_map();
+  if (map.empty()) return;
+  const char* name = policy_traits<Policy>::name;
+  TORCH_CHECK(uses_autocast_v<Policy>, "amp: a precision map needs a policy that autocasts (Mixed or Float8), and ",
+              name, " runs the whole model in one dtype; use a Mixed policy, or convert the module yourself");
+  TORCH_CHECK(options.linear_routing() == LinearRouting::kOn,
+              "amp: a precision map runs on linear routing's dispatch key; leave RegionOptions::linear_routing on");
+  TORCH_CHECK(is_float8_v<Policy> || !map.maps_to(ModulePrecision::kNotFloat8),
+              "amp: the precision map has "
+              "ModulePrecision::kNotFloat8 entries, but ",
+              name, " runs no linear in float8; drop them");
+  if constexpr (std::is_same_v<Device, CPU>) {
+    TORCH_CHECK(compat::kCpuHasFp16 || !map.maps_to(ModulePrecision::kFp16),
+                "amp: the precision map maps a module to fp16, but CPU autocast to fp16 needs LibTorch 2.3 or newer; "
+                "map it to kBf16 or kFp32");
+  }
+}
+}  // namespace detail
 
 namespace detail {
 // What a Float8 region installs for its recipe, specialized in
@@ -215,7 +246,22 @@ class Region {
         strict_(strict_casts, device_type, compute_dtype),
         routing_mode_(linear_routing) {}
   explicit Region(LinearRouting linear_routing) : Region(kDefaultStrictCasts, linear_routing) {}
-  explicit Region(const RegionOptions& options) : Region(options.strict_casts(), options.linear_routing()) {}
+  explicit Region(const RegionOptions& options) : Region(options.strict_casts(), options.linear_routing()) {
+    TORCH_CHECK(options.precision_map().empty(),
+                "amp: a Region with a precision map needs the model to resolve it against: Region(options, model)");
+  }
+  // With the options' precision map resolved against `model` (its
+  // named_modules() names; cached in the map while the model's parameter count holds).
+  Region(const RegionOptions& options, const torch::nn::Module& model)
+      : Region(options, resolved(options, {{"", &model}})) {}
+  // With a map already resolved (Trainer and Fabric resolve theirs once).
+  Region(const RegionOptions& options, std::shared_ptr<const detail::PrecisionTable> table)
+      : Region(options.strict_casts(), options.linear_routing()) {
+    if (table != nullptr) {
+      detail::check_precision_map<Policy, Device>(options);
+      map_.install(std::move(table));
+    }
+  }
   // User-provided on purpose: `amp::Region<amp::True<amp::fp64>, amp::CPU> region;`
   // around user code must not trip -Wunused-variable (an inert region would
   // otherwise be trivially destructible, which is what that warning looks for).
@@ -279,6 +325,13 @@ class Region {
   using float8_type = std::conditional_t<is_float8_v<Policy> && is_supported_v<Policy, Device>,
                                          detail::Float8RegionGuard<detail::float8_recipe_t<Policy>>, Inert>;
 
+  static std::shared_ptr<const detail::PrecisionTable> resolved(
+      const RegionOptions& options, const std::vector<std::pair<std::string, const torch::nn::Module*>>& models) {
+    if (options.precision_map().empty()) return nullptr;
+    detail::check_precision_map<Policy, Device>(options);
+    return options.precision_map().resolve(models);
+  }
+
   static LinearRouting checked_routing(LinearRouting mode) {
     TORCH_CHECK(!is_float8_v<Policy> || mode == LinearRouting::kOn, "amp: a ", policy_traits<Policy>::name,
                 " region runs its linears in float8 through linear routing; LinearRouting::kOff is not available "
@@ -294,6 +347,8 @@ class Region {
   LinearRouting routing_mode_;
   // After guard_: the linears it routes go to float8 while both live.
   [[maybe_unused]] float8_type float8_;
+  // After guard_: mapped ops run in their module's precision while routing is on.
+  detail::PrecisionMapGuard map_;
 };
 
 }  // namespace amp

@@ -127,7 +127,7 @@ class Fabric {
   decltype(auto) forward(F&& fn) {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the forward function must take the region: [&](auto& region) { return loss; }");
-    region_type region(options_.region());
+    region_type region(options_.region(), precision_table());
     [[maybe_unused]] auto float8 = float8_.bind();
     return detail::explain_fp16_errors<Policy>([&]() -> decltype(auto) { return fn(region); });
   }
@@ -179,7 +179,7 @@ class Fabric {
     std::vector<torch::nn::Module*> modules;
     for (const auto& m : models_) modules.push_back(m.get());
     [[maybe_unused]] auto float8 = float8_.bind();
-    return detail::evaluate<region_type>(modules, options_.region(), fn);
+    return detail::evaluate<region_type>(modules, options_.region(), precision_table(), fn);
   }
 
   // Every model and optimizer (in setup order), the scaler and the counters,
@@ -238,6 +238,17 @@ class Fabric {
   }
 
  private:
+  // The region's precision map resolved against the models set up, model i's
+  // modules under "<i>." (as float8's names); resolved again only when they change.
+  std::shared_ptr<const detail::PrecisionTable> precision_table() const {
+    const PrecisionMap& map = options_.region().precision_map();
+    if (map.empty()) return nullptr;
+    detail::check_precision_map<Policy, Device>(options_.region());
+    std::vector<std::pair<std::string, const torch::nn::Module*>> models;
+    for (size_t i = 0; i < models_.size(); ++i) models.emplace_back(std::to_string(i) + ".", models_[i].get());
+    return map.resolve(models);
+  }
+
   void add_model(const std::shared_ptr<torch::nn::Module>& module) {
     for (const auto& m : models_)
       if (m.get() == module.get()) return;

@@ -130,6 +130,10 @@ class Trainer {
         stepper_(setup(optimizer), options_.step(), std::move(scaler)),
         closure_optimizer_(detail::closure_based(optimizer)) {
     float8_.track(*module_);
+    if (!options_.region().precision_map().empty()) {  // resolved once, against the model set up
+      detail::check_precision_map<Policy, Device>(options_.region());
+      precision_table_ = options_.region().precision_map().resolve({{"", module_.get()}});
+    }
     detail::warn_if_slow_fp16<Policy, Device>("Trainer");
   }
 
@@ -154,7 +158,7 @@ class Trainer {
   template <class F>
   decltype(auto) evaluate(F&& fn) {
     [[maybe_unused]] auto float8 = float8_.bind();
-    return detail::evaluate<region_type>({module_.get()}, options_.region(), fn);
+    return detail::evaluate<region_type>({module_.get()}, options_.region(), precision_table_, fn);
   }
 
   // Epochs over `loader` (a LibTorch DataLoader or any range of batches):
@@ -177,7 +181,8 @@ class Trainer {
     History history;
     detail::Progress bar(fo.progress().value_or(options_.progress()), fo.max_steps(), precision_name, fo.log_every());
     bar.note(std::string("optimizer path: ") + optimizer_path());
-    if constexpr (is_float8_v<Policy>) bar.note(float8::detail::describe(float8::coverage(*module_)));
+    if constexpr (is_float8_v<Policy>)
+      bar.note(float8::detail::describe(float8::coverage(*module_, precision_table_.get())));
     detail::PendingMetrics pending;
     auto flush = [&] { pending.flush(history, bar); };
     bool stop = fo.max_steps() >= 0 && steps() >= fo.max_steps();
@@ -302,7 +307,7 @@ class Trainer {
   at::Tensor forward(F& fn) {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the step function must take the region: [&](auto& region) { return loss; }");
-    region_type region(options_.region());
+    region_type region(options_.region(), precision_table_);
     [[maybe_unused]] auto float8 = float8_.bind();
     return detail::explain_fp16_errors<Policy>([&] { return fn(region); });
   }
@@ -408,6 +413,7 @@ class Trainer {
 
   std::shared_ptr<torch::nn::Module> module_;
   TrainerOptions options_;
+  std::shared_ptr<const detail::PrecisionTable> precision_table_;  // the region's precision map, resolved
   Stepper<scaler_type> stepper_;
   bool closure_optimizer_;
   float8::detail::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories

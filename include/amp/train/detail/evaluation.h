@@ -1,7 +1,7 @@
 // amp/train/detail/evaluation.h: evaluation under a policy, for Trainer::evaluate
 // and Fabric::evaluate.
 //
-//   auto acc = amp::detail::evaluate<amp::Region<P, amp::CPU>>({model.get()}, amp::RegionOptions(),
+//   auto acc = amp::detail::evaluate<amp::Region<P, amp::CPU>>({model.get()}, amp::RegionOptions(), nullptr,
 //                                                              [&](auto&) { return f(); });
 //
 // Python's `model.eval(); with torch.no_grad(), torch.autocast(...): ...;
@@ -49,12 +49,13 @@ class EvalMode {
 // fn(region) with the modules in eval mode, no autograd, under Region
 // (autocast for a Mixed policy); returns what fn returns.
 template <class Region, class F>
-decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, const RegionOptions& options, F& fn) {
+decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, const RegionOptions& options,
+                        const std::shared_ptr<const PrecisionTable>& table, F& fn) {
   static_assert(std::is_invocable_v<F&, Region&>,
                 "amp: the evaluation function must take the region: [&](auto& region) { return metric; }");
   EvalMode eval(modules);
   at::NoGradGuard no_grad;
-  Region region(options);
+  Region region(options, table);
   return fn(region);
 }
 
