@@ -105,6 +105,9 @@ inline void named_modules_of(const torch::nn::Module& root, const std::string& p
 // a module holding it. Copies share one resolution cache.
 class PrecisionMap {
  public:
+  // A map resolved against models (resolve()): what Region(options, resolved) installs.
+  using Resolved = std::shared_ptr<const detail::PrecisionTable>;
+
   // The module named `path` in named_modules() ("blocks.0.ln1", "head") and its submodules.
   PrecisionMap& path(std::string path, ModulePrecision precision) {
     rules_.push_back(Rule{Kind::kPath, std::move(path), {}, std::type_index(typeid(void)), precision});
@@ -145,7 +148,7 @@ class PrecisionMap {
   // "0.", "1.", ... for Fabric's), resolved once per set of models and
   // parameter counts. An entry that picks no module, or only modules without
   // parameters, is an amp: error that lists the model's module names.
-  std::shared_ptr<const detail::PrecisionTable> resolve(
+  Resolved resolve(
       const std::vector<std::pair<std::string, const torch::nn::Module*>>& models) const {
     std::vector<const void*> key;
     for (const auto& m : models) {

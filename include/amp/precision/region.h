@@ -254,8 +254,8 @@ class Region {
   // named_modules() names; cached in the map while the model's parameter count holds).
   Region(const RegionOptions& options, const torch::nn::Module& model)
       : Region(options, resolved(options, {{"", &model}})) {}
-  // With a map already resolved (Trainer and Fabric resolve theirs once).
-  Region(const RegionOptions& options, std::shared_ptr<const detail::PrecisionTable> table)
+  // With a map already resolved (map.resolve(...); Trainer and Fabric resolve theirs once).
+  Region(const RegionOptions& options, PrecisionMap::Resolved table)
       : Region(options.strict_casts(), options.linear_routing()) {
     if (table != nullptr) {
       detail::check_precision_map<Policy, Device>(options);
@@ -325,7 +325,7 @@ class Region {
   using float8_type = std::conditional_t<is_float8_v<Policy> && is_supported_v<Policy, Device>,
                                          detail::Float8RegionGuard<detail::float8_recipe_t<Policy>>, Inert>;
 
-  static std::shared_ptr<const detail::PrecisionTable> resolved(
+  static PrecisionMap::Resolved resolved(
       const RegionOptions& options, const std::vector<std::pair<std::string, const torch::nn::Module*>>& models) {
     if (options.precision_map().empty()) return nullptr;
     detail::check_precision_map<Policy, Device>(options);

@@ -239,14 +239,15 @@ class Fabric {
 
  private:
   // The region's precision map resolved against the models set up, model i's
-  // modules under "<i>." (as float8's names); resolved again only when they change.
-  std::shared_ptr<const detail::PrecisionTable> precision_table() const {
+  // modules under "<i>." (as float8's names); once, again after setup() adds a model.
+  const PrecisionMap::Resolved& precision_table() {
     const PrecisionMap& map = options_.region().precision_map();
-    if (map.empty()) return nullptr;
+    if (map.empty() || precision_table_ != nullptr) return precision_table_;
     detail::check_precision_map<Policy, Device>(options_.region());
     std::vector<std::pair<std::string, const torch::nn::Module*>> models;
     for (size_t i = 0; i < models_.size(); ++i) models.emplace_back(std::to_string(i) + ".", models_[i].get());
-    return map.resolve(models);
+    precision_table_ = map.resolve(models);
+    return precision_table_;
   }
 
   void add_model(const std::shared_ptr<torch::nn::Module>& module) {
@@ -257,6 +258,7 @@ class Fabric {
       float8::detail::check_device<detail::float8_recipe_t<Policy>>(module->parameters().front().device());
     float8_.track(*module, std::to_string(models_.size()) + ".");  // model i's linears: "<i>.<path>"
     models_.push_back(module);
+    precision_table_ = nullptr;
   }
 
   // Every parameter of `optimizer` belongs to a model set up or to `incoming`.
@@ -336,6 +338,7 @@ class Fabric {
   FabricOptions options_;
   scaler_type scaler_;
   std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  PrecisionMap::Resolved precision_table_;  // precision_table()'s, reset by add_model()
   // Per optimizer, in setup order: its part of the recipe, whether a
   // backward() ran since its last step, whether it stepped since the last update().
   std::vector<std::unique_ptr<detail::OptimizerStep<scaler_type>>> parts_;

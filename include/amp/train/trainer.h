@@ -413,7 +413,7 @@ class Trainer {
 
   std::shared_ptr<torch::nn::Module> module_;
   TrainerOptions options_;
-  std::shared_ptr<const detail::PrecisionTable> precision_table_;  // the region's precision map, resolved
+  PrecisionMap::Resolved precision_table_;  // the region's precision map, resolved
   Stepper<scaler_type> stepper_;
   bool closure_optimizer_;
   float8::detail::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories

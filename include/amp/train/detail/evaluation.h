@@ -50,7 +50,7 @@ class EvalMode {
 // (autocast for a Mixed policy); returns what fn returns.
 template <class Region, class F>
 decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, const RegionOptions& options,
-                        const std::shared_ptr<const PrecisionTable>& table, F& fn) {
+                        const PrecisionMap::Resolved& table, F& fn) {
   static_assert(std::is_invocable_v<F&, Region&>,
                 "amp: the evaluation function must take the region: [&](auto& region) { return metric; }");
   EvalMode eval(modules);
