@@ -325,8 +325,8 @@ class Region {
   using float8_type = std::conditional_t<is_float8_v<Policy> && is_supported_v<Policy, Device>,
                                          detail::Float8RegionGuard<detail::float8_recipe_t<Policy>>, Inert>;
 
-  static PrecisionMap::Resolved resolved(
-      const RegionOptions& options, const std::vector<std::pair<std::string, const torch::nn::Module*>>& models) {
+  static PrecisionMap::Resolved resolved(const RegionOptions& options,
+                                         const std::vector<std::pair<std::string, const torch::nn::Module*>>& models) {
     if (options.precision_map().empty()) return nullptr;
     detail::check_precision_map<Policy, Device>(options);
     return options.precision_map().resolve(models);
