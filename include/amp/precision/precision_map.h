@@ -148,8 +148,7 @@ class PrecisionMap {
   // "0.", "1.", ... for Fabric's), resolved once per set of models and
   // parameter counts. An entry that picks no module, or only modules without
   // parameters, is an amp: error that lists the model's module names.
-  Resolved resolve(
-      const std::vector<std::pair<std::string, const torch::nn::Module*>>& models) const {
+  Resolved resolve(const std::vector<std::pair<std::string, const torch::nn::Module*>>& models) const {
     std::vector<const void*> key;
     for (const auto& m : models) {
       key.push_back(m.second);
