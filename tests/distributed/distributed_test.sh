@@ -93,7 +93,7 @@ case "$group" in
     # Nobody serves the port: a bounded wait, then amp:'s error.
     one "could not rendezvous at 127.0.0.1:9" AMP_DP_TIMEOUT_MS=2000 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9
     # Two processes given different WORLD_SIZEs (rank 0: 2, rank 1: 3): each gets amp:'s error, naming both.
-    port=$((20000 + RANDOM % 20000))
+    port=$("$launch" --free-port)
     pids=()
     for r in 0 1; do
       env -u RANK -u WORLD_SIZE AMP_DP_TIMEOUT_MS=10000 RANK=$r WORLD_SIZE=$((2 + r)) MASTER_ADDR=127.0.0.1 \
