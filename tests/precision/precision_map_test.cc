@@ -256,7 +256,7 @@ TEST(PrecisionMap, TrainerStepsEqualTheHandWrittenLoop) {
   EXPECT_EQ(trainer.evaluate([&](auto&) { return a->forward(torch::randn({2, 8})); }).scalar_type(), torch::kFloat);
 }
 
-// Fabric: model i's modules under "<i>.", resolved at the first forward.
+// Fabric: model i's modules under "<i>.", resolved at the first forward after a setup().
 TEST(PrecisionMap, FabricNamesModelIUnderI) {
   Net g = make_net(), d = make_net();
   torch::optim::SGD opt_g(g->parameters(), 0.1), opt_d(d->parameters(), 0.1);
@@ -273,6 +273,23 @@ TEST(PrecisionMap, FabricNamesModelIUnderI) {
   wrong.setup(g, opt_g);
   EXPECT_THAT(error_of([&] { wrong.forward([&](auto&) { return g->forward(x); }); }),
               AllOf(HasSubstr("path \"head\" matches no module"), HasSubstr("\"0.head\"")));
+
+  // Resolved once, and again after setup() adds a model: then "1.head" matches too.
+  Net h = make_net();
+  torch::optim::SGD opt_h(h->parameters(), 0.1);
+  amp::Fabric<M, amp::CPU> late(amp::FabricOptions().region(with(amp::PrecisionMap().regex("[0-9]\\.head", P::kFp32))));
+  late.setup(g, opt_g);
+  late.forward([&](auto&) {
+    EXPECT_EQ(g->forward(x).scalar_type(), torch::kFloat);
+    EXPECT_EQ(h->forward(x).scalar_type(), torch::kBFloat16);  // not set up yet
+    return torch::Tensor();
+  });
+  late.setup(h, opt_h);
+  late.forward([&](auto&) {
+    EXPECT_EQ(g->forward(x).scalar_type(), torch::kFloat);
+    EXPECT_EQ(h->forward(x).scalar_type(), torch::kFloat);
+    return torch::Tensor();
+  });
 }
 
 // What fit() prints for a Float8 policy: the linears the map keeps out of float8.
