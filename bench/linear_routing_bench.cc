@@ -26,11 +26,31 @@
 #include <amp/amp.h>
 
 #include <chrono>
+#include <utility>
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
+
+// The seconds a() and b() take over the benchmark's iterations, one of each
+// per iteration, alternating which goes first so neither always runs on a warmer cache.
+template <class A, class B>
+std::pair<double, double> interleaved_seconds(benchmark::State& state, A&& a, B&& b) {
+  double ta = 0, tb = 0;
+  bool a_first = true;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    a_first ? a() : b();
+    auto t1 = Clock::now();
+    a_first ? b() : a();
+    auto t2 = Clock::now();
+    (a_first ? ta : tb) += std::chrono::duration<double>(t1 - t0).count();
+    (a_first ? tb : ta) += std::chrono::duration<double>(t2 - t1).count();
+    a_first = !a_first;
+  }
+  return {ta, tb};
+}
 
 constexpr int kCalls = 32;
 constexpr int64_t kWidth = 512, kBatch = 64;
@@ -60,19 +80,8 @@ void BM_RecurrentLinear(benchmark::State& state) {
     on.step(xs);
     off.step(xs);
   }
-  double t_on = 0, t_off = 0;
-  bool on_first = true;
-  for (auto _ : state) {
-    // Alternate which goes first, so neither always runs on a warmer cache.
-    auto t0 = Clock::now();
-    on_first ? on.step(xs) : off.step(xs);
-    auto t1 = Clock::now();
-    on_first ? off.step(xs) : on.step(xs);
-    auto t2 = Clock::now();
-    (on_first ? t_on : t_off) += std::chrono::duration<double>(t1 - t0).count();
-    (on_first ? t_off : t_on) += std::chrono::duration<double>(t2 - t1).count();
-    on_first = !on_first;
-  }
+  const auto [t_on, t_off] = interleaved_seconds(
+      state, [&] { on.step(xs); }, [&] { off.step(xs); });
   const double n = static_cast<double>(state.iterations());
   state.counters["on_ms"] = 1e3 * t_on / n;
   state.counters["off_ms"] = 1e3 * t_off / n;
@@ -119,18 +128,8 @@ void BM_PrecisionMapDispatch(benchmark::State& state) {
     mapped.step(x);
     plain.step(x);
   }
-  double t_map = 0, t_plain = 0;
-  bool map_first = true;
-  for (auto _ : state) {
-    auto t0 = Clock::now();
-    map_first ? mapped.step(x) : plain.step(x);
-    auto t1 = Clock::now();
-    map_first ? plain.step(x) : mapped.step(x);
-    auto t2 = Clock::now();
-    (map_first ? t_map : t_plain) += std::chrono::duration<double>(t1 - t0).count();
-    (map_first ? t_plain : t_map) += std::chrono::duration<double>(t2 - t1).count();
-    map_first = !map_first;
-  }
+  const auto [t_map, t_plain] = interleaved_seconds(
+      state, [&] { mapped.step(x); }, [&] { plain.step(x); });
   const double n = static_cast<double>(state.iterations());
   state.counters["map_ms"] = 1e3 * t_map / n;
   state.counters["no_map_ms"] = 1e3 * t_plain / n;
