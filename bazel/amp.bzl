@@ -12,28 +12,64 @@ AMP_WARNINGS = ["-Wall", "-Wextra", "-Werror"]
 AMP_STD_COPTS = ["-std=" + CXX_STD]
 AMP_COPTS = AMP_STD_COPTS + AMP_WARNINGS
 
+# Tests and the programs only tests run are built at -O0: no test result
+# depends on the optimizer (the parity twins are bitwise at -O0 as at -O2, and
+# amp's own kernels keep one FP contract at every level), and -O0 compiles a
+# test ~30% faster. Examples, benchmarks and the demo keep .bazelrc's -O2.
+AMP_TEST_COPTS = ["-O0"]
+
 def amp_cc_test(name, srcs, deps = [], size = "small", timeout = None, copts = [], **kw):
     native.cc_test(
         name = name,
         srcs = srcs,
-        copts = AMP_COPTS + copts,
+        copts = AMP_COPTS + AMP_TEST_COPTS + copts,
         deps = ["//:amp", "@libtorch", "@system_libs//:hana", "@system_libs//:gtest_main", "@system_libs//:gmock"] + deps,
         size = size,
         timeout = timeout,
         **kw
     )
 
-def amp_cc_binary(name, srcs, deps = [], copts = [], **kw):
+def amp_cc_test_group(name, srcs, hdrs = [], **kw):
+    """One gtest binary for several test files (a layer's): a generated
+    translation unit #includes them, so LibTorch's headers are parsed and its
+    templates instantiated once for the group, not once per file. Each file
+    keeps its helpers in a namespace of its own (named after the file), so the
+    files can share the unit; a compile error still names the file and line.
+    A part runs alone with --test_filter (gtest's filter, e.g. 'Fabric.*')."""
+    native.cc_library(
+        name = name + "_parts",
+        textual_hdrs = srcs + hdrs,
+        testonly = True,
+    )
+    pkg = native.package_name()
+    native.genrule(
+        name = name + "_unit",
+        outs = [name + "_unit.cc"],
+        cmd = "printf '%s\\n' " + " ".join([
+            "'#include \"%s\"'" % ((pkg + "/" if pkg else "") + s)
+            for s in srcs
+        ]) + " >$@",
+        testonly = True,
+    )
+    amp_cc_test(name = name, srcs = [name + "_unit.cc"], deps = [name + "_parts"], **kw)
+
+def amp_cc_binary(name, srcs, deps = [], copts = [], testonly = False, **kw):
+    """A program that includes amp. testonly = True: a program only tests run
+    (a parity binary, a multi-process case runner), built like a test (-O0)."""
     native.cc_binary(
         name = name,
         srcs = srcs,
-        copts = AMP_COPTS + copts,
+        copts = AMP_COPTS + (AMP_TEST_COPTS if testonly else []) + copts,
+        testonly = testonly,
         deps = ["//:amp", "@libtorch", "@system_libs//:hana"] + deps,
         **kw
     )
 
-def amp_cc_benchmark(name, srcs, deps = [], copts = [], **kw):
-    amp_cc_binary(name = name, srcs = srcs, deps = ["@system_libs//:benchmark_main"] + deps, copts = copts, **kw)
+def amp_cc_benchmark(name, srcs, deps = [], copts = [], tags = [], **kw):
+    """A Google Benchmark program, -O2; built on request only (`manual`):
+    bench/BUILD.bazel's bench_compile_test keeps it compiling."""
+    amp_cc_binary(name = name, srcs = srcs, deps = ["@system_libs//:benchmark_main"] + deps, copts = copts,
+                  tags = tags + ["manual"], **kw)
 
 def compile_check_test(name, script, args, data, size = "small"):
     """A check that only compiles, split so that no test timeout covers the
@@ -64,14 +100,14 @@ def compile_fail_test(name, src, expect = None, deps = []):
     """`src` must compile without AMP_SHOULD_FAIL (the passing twin) and fail
     with -DAMP_SHOULD_FAIL, its first error a static assertion carrying the
     message of the source's `// expect:` line (or `expect`, when given)."""
-    args = ["$(location %s)" % src, "$(location @libtorch//:compile_flags.txt)"]
+    args = ["--pch=$(location //tools:pch/torch_pch.h)", "$(location %s)" % src, "$(location @libtorch//:compile_flags.txt)"]
     if expect:
         args.append("'%s'" % expect.replace("'", "'\\''"))
     compile_check_test(
         name = name,
         script = "//tools:compile_fail_test.sh",
         args = args,
-        data = [src, "//:amp_headers", "@libtorch//:compile_flags.txt"] + deps,
+        data = [src, "//:amp_headers", "@libtorch//:compile_flags.txt", "//tools:pch/torch_pch.h", "//tools:pch/torch_pch.h.gch"] + deps,
     )
 
 def header_self_contained_tests(headers):

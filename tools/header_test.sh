@@ -1,25 +1,48 @@
 #!/usr/bin/env bash
 # Every public header compiles on its own (as Hana checks for each of its headers),
-# with -Wall -Wextra -Werror on amp's code.  header_test.sh [--std=c++20] FLAGS_FILE HEADER...
+# with -Wall -Wextra -Werror on amp's code.
+#   header_test.sh [--std=c++20] [--full] FLAGS_FILE HEADER...
 # The standard is FLAGS_FILE's (the LibTorch line's) unless --std overrides it.
+# Each header is the first thing its translation unit includes (twice: it is
+# include-guarded) and is parsed to the end, where a static assertion stops
+# the compiler (-Wfatal-errors) before it instantiates LibTorch's templates at
+# the end of the unit: every name a header uses must be declared by what it
+# includes, and every warning in its code is an error. The instantiations are
+# checked where the headers meet: --full compiles one unit that includes every
+# HEADER given, to the end (header_umbrella: all public headers; header_cxx20).
 set -u
-std=()
-case "${1:-}" in --std=*) std=("-std=${1#--std=}"); shift ;; esac
+std=() full=0
+while :; do
+  case "${1:-}" in
+    --std=*) std=("-std=${1#--std=}"); shift ;;
+    --full) full=1; shift ;;
+    *) break ;;
+  esac
+done
 flags_file=$1; shift
 cxx=${CXX:-g++}
 read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+sentinel="amp header test: parsed to the end"
 check() {
   local h=$1 rel=${1#include/}
   local tu="$tmp/$(echo "$rel" | tr '/.' '__').cc"
-  printf '#include <%s>\n#include <%s>\n' "$rel" "$rel" > "$tu"   # and include-guarded
-  if log=$("$cxx" "${torch_flags[@]}" "${std[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$tu" 2>&1); then
-    echo "ok   $rel"
-  else
-    echo "FAIL $rel"; echo "$log" | head -20; return 1
-  fi
+  printf '#include <%s>\n#include <%s>\n' "$rel" "$rel" > "$tu"
+  printf 'static_assert(sizeof(char) == 0, "%s");\n' "$sentinel" >> "$tu"
+  log=$("$cxx" "${torch_flags[@]}" "${std[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude -Wfatal-errors "$tu" 2>&1)
+  first=$(printf '%s\n' "$log" | grep -m1 -E 'error:')
+  case "$first" in *"$sentinel"*) echo "ok   $rel"; return 0 ;; esac
+  echo "FAIL $rel"; echo "$log" | head -20; return 1
 }
 fails=0
+if [ "$full" -eq 1 ]; then
+  tu="$tmp/all.cc"
+  for h in "$@"; do printf '#include <%s>\n#include <%s>\n' "${h#include/}" "${h#include/}"; done > "$tu"
+  if log=$("$cxx" "${torch_flags[@]}" "${std[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$tu" 2>&1); then
+    echo "ok   $# headers in one unit, compiled to the end"; exit 0
+  fi
+  echo "FAIL: $# headers in one unit:"; echo "$log" | head -40; exit 1
+fi
 for h in "$@"; do check "$h" || fails=$((fails + 1)); done
 echo "$# headers, $fails failed"
 [ "$fails" -eq 0 ]

@@ -4,8 +4,12 @@
 # -Wextra -Werror on amp's code); (2) every relative link to a .md file points
 # at a file that exists; (3) the support matrix table printed by
 # tools/support_matrix for this LibTorch appears verbatim in README.md.
-#   readme_test.sh README.md SUPPORT_MATRIX_BIN FLAGS_FILE [DOC.md ...]
+#   readme_test.sh [--pch=HEADER] README.md SUPPORT_MATRIX_BIN FLAGS_FILE [DOC.md ...]
+# --pch=HEADER: each block first loads HEADER's precompiled .gch
+# (//tools:torch_pch, <torch/torch.h>, which nearly every block includes).
 set -u
+pch=()
+case "${1:-}" in --pch=*) pch=(-include "${1#--pch=}"); shift ;; esac
 readme=$1 matrix_bin=$2 flags_file=$3
 shift 3
 docs=("$readme" "$@")
@@ -26,7 +30,7 @@ for doc in "${docs[@]}"; do
   for f in "$dir"/block_*.cc; do
     [ -e "$f" ] || continue
     count=$((count + 1))
-    if log=$("$cxx" "${torch_flags[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$f" 2>&1); then
+    if log=$("$cxx" "${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$f" 2>&1); then
       echo "ok   $doc C++ block $(basename "$f")"
     else
       echo "FAIL $doc C++ block $(basename "$f"):"; sed 's/^/    /' "$f"; echo "$log" | head -20

@@ -19,6 +19,7 @@
 #include "amp/amp.h"
 #include "../error_of.h"
 
+namespace float8_policy_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 #if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
@@ -296,3 +297,4 @@ TEST(Float8Policy, NamesDispatchToThePolicies) {
 #endif  // AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL (tests/BUILD.bazel and CMakeLists.txt build this test from LibTorch 2.8)
 
 }  // namespace
+}  // namespace float8_policy_test

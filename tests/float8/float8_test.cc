@@ -21,6 +21,7 @@
 #include "amp/precision/region.h"
 #include "../error_of.h"
 
+namespace float8_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 namespace f8 = amp::float8;
@@ -317,3 +318,4 @@ TEST(Float8DelayedScaling, LoadStateDictChecksEverythingFirst) {
 #endif  // AMP_DETAIL_HAS_FLOAT8_MATMUL
 
 }  // namespace
+}  // namespace float8_test

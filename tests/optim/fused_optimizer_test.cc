@@ -24,6 +24,7 @@
 #include "amp/optim/fused.h"
 #include "../scalar_reads.h"
 
+namespace fused_optimizer_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 using amp::fused_kind;
@@ -856,3 +857,4 @@ INSTANTIATE_TEST_SUITE_P(Devices, Fused, ::testing::Values(c10::DeviceType::CPU,
                          });
 
 }  // namespace
+}  // namespace fused_optimizer_test

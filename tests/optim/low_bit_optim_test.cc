@@ -21,6 +21,7 @@
 #include "../error_of.h"
 #include "../scalar_reads.h"
 
+namespace low_bit_optim_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 using amp::QuantizedState;
@@ -558,3 +559,4 @@ TEST(LowBitAdam, TrainsUnderAFloat8Policy) {
 #endif
 
 }  // namespace
+}  // namespace low_bit_optim_test

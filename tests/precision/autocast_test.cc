@@ -23,6 +23,7 @@
 #include <thread>
 #include <type_traits>
 
+namespace autocast_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 namespace compat = amp::detail::compat;
@@ -300,3 +301,4 @@ TEST_F(AutocastCpu, ALinearCalledTwiceHasTheRoutedRegionsGradient) {
 }
 
 }  // namespace
+}  // namespace autocast_test

@@ -19,6 +19,7 @@
 #include "amp/train/trainer.h"
 #include "../error_of.h"
 
+namespace linear_routing_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 using amp::LinearRouting;
@@ -412,3 +413,4 @@ TEST_F(LinearRoutingTest, PrecisionOptionTurnsRoutingOff) {
 }
 
 }  // namespace
+}  // namespace linear_routing_test

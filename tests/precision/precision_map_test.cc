@@ -13,6 +13,7 @@
 #include "../error_of.h"
 #include "amp/amp.h"
 
+namespace precision_map_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 using ::amp_test::error_of;
@@ -352,3 +353,4 @@ TEST(PrecisionMap, ErrorsNameTheFix) {
 }
 
 }  // namespace
+}  // namespace precision_map_test

@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+namespace region_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 namespace compat = amp::detail::compat;
@@ -485,3 +486,4 @@ TEST(Tf32Region, Fp32RegionLeavesTf32Alone) {
   }
   EXPECT_EQ(ctx.allowTF32CuBLAS(), cublas);
 }
+}  // namespace region_test

@@ -20,6 +20,7 @@
 #include "amp/precision/region.h"
 #include "amp/train/trainer.h"
 
+namespace strict_casts_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 using amp::StrictCasts;
@@ -317,3 +318,4 @@ TEST(StrictCastsTrainer, AManualCastInTheForwardThrowsAndLeavesNoCheckBehind) {
 }
 
 }  // namespace
+}  // namespace strict_casts_test

@@ -25,6 +25,7 @@
 
 #include "amp/scaler/dynamic_scaler.h"
 
+namespace scaler_reference_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -546,3 +547,4 @@ TEST(PortableVsKernel, Cuda) {
 }
 
 }  // namespace
+}  // namespace scaler_reference_test

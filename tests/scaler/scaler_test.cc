@@ -28,6 +28,7 @@
 #include "amp/scaler/static_scaler.h"
 #include "../error_of.h"
 
+namespace scaler_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 using ::testing::HasSubstr;
@@ -1039,3 +1040,4 @@ TEST(DynamicScalerRecipes, DisabledScalerRunsTheSameLoop) {
 }
 
 }  // namespace
+}  // namespace scaler_test

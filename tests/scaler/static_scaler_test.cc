@@ -10,6 +10,7 @@
 #include "amp/scaler/static_scaler.h"
 #include "../error_of.h"
 
+namespace static_scaler_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -139,3 +140,4 @@ TEST(StaticScaler, OptionsAreValidated) {
 }
 
 }  // namespace
+}  // namespace static_scaler_test

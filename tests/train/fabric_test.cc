@@ -25,6 +25,7 @@
 #include "../error_of.h"
 #include "../scalar_reads.h"
 
+namespace fabric_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 using amp_test::error_of;
@@ -501,3 +502,4 @@ TEST(Fabric, FusedPathReadsNothingBackToTheHost) {
 }
 
 }  // namespace
+}  // namespace fabric_test

@@ -25,6 +25,7 @@
 
 extern char** environ;
 
+namespace rng_resume_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 namespace fs = std::filesystem;
@@ -298,3 +299,4 @@ TEST(RngResume, ABadGeneratorEntryIsRefusedAndNothingChanges) {
 }
 
 }  // namespace
+}  // namespace rng_resume_test

@@ -12,6 +12,7 @@
 #include "amp/scaler/no_scaler.h"
 #include "amp/train/stepper.h"
 
+namespace stepper_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 struct Fixture {
@@ -166,3 +167,4 @@ TEST(StepperDynamic, GrowsAfterGrowthIntervalCleanSteps) {
 }
 
 }  // namespace
+}  // namespace stepper_test

@@ -23,6 +23,7 @@
 
 extern char** environ;
 
+namespace trainer_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 namespace fs = std::filesystem;
@@ -780,3 +781,4 @@ TEST(TrainerErrors, BadOptionsAndBadLosses) {
 }
 
 }  // namespace
+}  // namespace trainer_test

@@ -17,6 +17,7 @@
 #include "amp/amp.h"
 #include "../scalar_reads.h"
 
+namespace zero_sync_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
 struct Net : torch::nn::Module {
@@ -227,3 +228,4 @@ TEST(FusedTrainer, CheckpointsResumeBitwiseAndCrossPaths) {
 }
 
 }  // namespace
+}  // namespace zero_sync_test

@@ -99,7 +99,7 @@ inline constexpr bool mixed_has_scaler_v = !is_mixed_v<P> || is_scaler_v<mixed_s
 // precision name for checkpoints and fit()'s output.
 template <class P>
 inline constexpr bool mixed_scaler_named_v =
-    !is_mixed_v<P> || builtin_scaler<mixed_scaler_t<P>>::value || has_scaler_name<mixed_scaler_t<P>>::value;
+    !is_mixed_v<P> || std::disjunction_v<builtin_scaler<mixed_scaler_t<P>>, has_scaler_name<mixed_scaler_t<P>>>;
 
 // Rule: fp16 needs loss scaling.
 template <class P>

@@ -98,9 +98,12 @@ struct has_scaler_methods<
 }  // namespace detail
 
 // True when S provides the whole scaler interface (see the file comment).
+// std::disjunction: a built-in scaler's members are never asked for, so
+// naming one whose header is not included yet (incomplete) caches nothing.
 template <class S>
-inline constexpr bool is_scaler_v = detail::builtin_scaler<S>::value ||
-                                    (detail::has_loss_scaling_flag<S>::value && detail::has_scaler_methods<S>::value);
+inline constexpr bool is_scaler_v =
+    std::disjunction_v<detail::builtin_scaler<S>,
+                       std::conjunction<detail::has_loss_scaling_flag<S>, detail::has_scaler_methods<S>>>;
 
 template <class S, bool = is_scaler_v<S>, bool = detail::builtin_scaler<S>::value>
 struct uses_loss_scaling : std::false_type {};
