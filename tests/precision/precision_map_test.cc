@@ -318,6 +318,31 @@ TEST(PrecisionMap, MappedToTheOther16BitDtype) {
   EXPECT_EQ(net->forward(torch::randn({4, 8})).scalar_type(), torch::kHalf);
 }
 
+// A model freed and a new one at its address: the map resolves the new one's
+// parameters (a cache keyed by the model's address and parameter count once
+// handed it the freed model's table, and its head ran in bf16).
+TEST(PrecisionMap, ANewModelAtAFreedModelsAddressGetsItsOwnTable) {
+  amp::PrecisionMap map;
+  map.path("head", P::kFp32);
+  const torch::nn::Module* freed = nullptr;
+  Net b{nullptr};
+  for (int i = 0; i < 1000 && (b.is_empty() || b.ptr().get() != freed); ++i) {
+    {
+      Net a = make_net();
+      freed = a.ptr().get();
+      map.resolve({{"", freed}});
+    }
+    b = Net();
+  }
+  ASSERT_EQ(b.ptr().get(), freed) << "no model landed at a freed one's address in 1000 tries";
+  const auto table = map.resolve({{"", b.ptr().get()}});
+  EXPECT_EQ(table->count(b->head->weight.unsafeGetTensorImpl()), 1u);
+  amp::Region<M, amp::CPU> region(with(map), *b);
+  EXPECT_EQ(b->forward(torch::randn({4, 8})).scalar_type(), torch::kFloat);
+  // The same model again: the cached table, not a new one.
+  EXPECT_EQ(map.resolve({{"", b.ptr().get()}}), table);
+}
+
 TEST(PrecisionMap, ErrorsNameTheFix) {
   Net net = make_net();
   EXPECT_THAT(error_of([&] { amp::Region<M, amp::CPU> r(with(amp::PrecisionMap().path("hed", P::kFp32)), *net); }),

@@ -34,8 +34,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/DispatchKeySet.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/UndefinedTensorImpl.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/library.h>
 #include <torch/nn/module.h>
 
@@ -145,19 +148,24 @@ class PrecisionMap {
   }
 
   // The table for these models (each under its prefix: "" for one model,
-  // "0.", "1.", ... for Fabric's), resolved once per set of models and
-  // parameter counts. An entry that picks no module, or only modules without
+  // "0.", "1.", ... for Fabric's), resolved again only when the prefixes or
+  // the parameters themselves changed: the cache holds weak references to the
+  // parameters, so a new model can never pass for a freed one that lived at
+  // the same address. An entry that picks no module, or only modules without
   // parameters, is an amp: error that lists the model's module names.
   Resolved resolve(const std::vector<std::pair<std::string, const torch::nn::Module*>>& models) const {
-    std::vector<const void*> key;
+    std::vector<std::string> prefixes;
+    std::vector<at::Tensor> params;
     for (const auto& m : models) {
-      key.push_back(m.second);
-      key.push_back(reinterpret_cast<const void*>(m.second->parameters().size()));
+      prefixes.push_back(m.first + "\n" + std::to_string(m.second->parameters().size()));
+      for (const at::Tensor& p : m.second->parameters()) params.push_back(p);
     }
     std::lock_guard<std::mutex> lock(cache_->mutex);
-    if (cache_->table && cache_->key == key) return cache_->table;
+    if (cache_->table && cache_->prefixes == prefixes && same_tensors(cache_->params, params)) return cache_->table;
     cache_->table = std::make_shared<const detail::PrecisionTable>(resolve_now(models));
-    cache_->key = std::move(key);
+    cache_->prefixes = std::move(prefixes);
+    cache_->params.clear();
+    for (const at::Tensor& p : params) cache_->params.emplace_back(p.getIntrusivePtr());
     return cache_->table;
   }
 
@@ -170,11 +178,21 @@ class PrecisionMap {
     std::type_index type = std::type_index(typeid(void));
     ModulePrecision precision;
   };
+  // A weak reference keeps a TensorImpl's memory (not its data) until it is
+  // dropped, so no other tensor can take its address meanwhile.
+  using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   struct Cache {
     std::mutex mutex;
-    std::vector<const void*> key;
+    std::vector<std::string> prefixes;  // each model's prefix and parameter count
+    std::vector<WeakImpl> params;       // every model's parameters, in order
     std::shared_ptr<const detail::PrecisionTable> table;
   };
+  static bool same_tensors(const std::vector<WeakImpl>& cached, const std::vector<at::Tensor>& now) {
+    if (cached.size() != now.size()) return false;
+    for (size_t i = 0; i < now.size(); ++i)
+      if (cached[i].expired() || cached[i]._unsafe_get_target() != now[i].unsafeGetTensorImpl()) return false;
+    return true;
+  }
 
   PrecisionMap& changed() {
     cache_ = std::make_shared<Cache>();  // copies made before keep theirs
