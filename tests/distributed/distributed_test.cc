@@ -110,6 +110,11 @@ void compress(amp::GradCompression compression) {
     const std::string expect = std::string("amp: DataParallelOptions::compression(") + (half ? "kFp16" : "kBf16") +
                                ") on CPU needs a Gloo that takes " + (half ? "Half" : "BFloat16");
     check(msg.find(expect) == 0, "message: " + msg);
+    // What it says this Gloo takes instead follows the same check (ProcessGroup::gloo_takes).
+    const bool other_named = msg.find(half ? "BFloat16 only" : "Half only") != std::string::npos;
+    check(other_named == (msg.find(half ? " or kBf16" : " or kFp16") != std::string::npos) &&
+              (other_named || msg.find("takes neither") != std::string::npos),
+          "message: " + msg);
     std::cout << "PASS " << test_case::name << " (rejected: " << msg << ")" << std::endl;
   }
 }

@@ -256,11 +256,12 @@ class DataParallel : public GradientSync {
                   "use Backend::kAuto or kGloo");
       if (options_.compression() != GradCompression::kNone) {
         const bool half = options_.compression() == GradCompression::kFp16;
+        const bool other = pg_.gloo_takes(half ? at::kBFloat16 : at::kHalf);  // what this Gloo does take
         TORCH_CHECK(pg_.gloo_takes(half ? at::kHalf : at::kBFloat16), "amp: DataParallelOptions::compression(",
                     half ? "kFp16" : "kBf16", ") on CPU needs a Gloo that takes ", half ? "Half" : "BFloat16",
-                    ", and this LibTorch's does not (it is a build option: Debian's 1.13 lacks BFloat16, its "
-                    "2.14 both); use GradCompression::kNone",
-                    pg_.gloo_takes(half ? at::kBFloat16 : at::kHalf) ? (half ? " or kBf16" : " or kFp16") : "");
+                    "; this LibTorch's Gloo takes ", other ? (half ? "BFloat16 only" : "Half only") : "neither",
+                    " (a build option of Gloo): use GradCompression::kNone",
+                    other ? (half ? " or kBf16" : " or kFp16") : "");
       }
     }
     const std::vector<at::Tensor> bufs = options_.broadcast_buffers() ? buffers : std::vector<at::Tensor>{};
