@@ -643,6 +643,12 @@ void expect_fp16_pitfalls_explained(const std::string& name) {
   EXPECT_THAT(msg, ::testing::HasSubstr("-std::numeric_limits<float>::infinity()"));
   EXPECT_THAT(msg, ::testing::HasSubstr("LibTorch says: value cannot be converted to type "));  // at::Half or c10::Half
   EXPECT_THAT(msg, ::testing::HasSubstr("Half without overflow"));
+  // evaluate() explains it the same way (a first forward is often an evaluation).
+  const std::string eval_msg = amp_test::error_of([&] { t.evaluate(masked(-1e9)); });
+  EXPECT_THAT(eval_msg, ::testing::HasSubstr("amp: a scalar does not fit fp16 (largest finite value 65504) inside "
+                                             "the forward of a " +
+                                             name + " region"));
+  EXPECT_THAT(eval_msg, ::testing::HasSubstr("Half without overflow"));
   // The fix the message names trains.
   EXPECT_TRUE(std::isfinite(t.step(masked(-std::numeric_limits<float>::infinity())).loss_value()));
 }

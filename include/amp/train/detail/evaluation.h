@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "amp/precision/region.h"
+#include "amp/train/detail/fp16_pitfalls.h"
 
 namespace amp {
 namespace detail {
@@ -47,7 +48,8 @@ class EvalMode {
 };
 
 // fn(region) with the modules in eval mode, no autograd, under Region
-// (autocast for a Mixed policy); returns what fn returns.
+// (autocast for a Mixed policy); returns what fn returns. An fp16 overflow of
+// a scalar is rethrown as amp's explanation (fp16_pitfalls.h).
 template <class Region, class F>
 decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, const RegionOptions& options,
                         const PrecisionMap::Resolved& table, F& fn) {
@@ -56,7 +58,8 @@ decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, const Re
   EvalMode eval(modules);
   at::NoGradGuard no_grad;
   Region region(options, table);
-  return fn(region);
+  // fp16's scalar overflow explained as in step() and forward().
+  return explain_fp16_errors<typename Region::policy>([&]() -> decltype(auto) { return fn(region); });
 }
 
 }  // namespace detail
