@@ -16,11 +16,12 @@ docs=("$readme" "$@")
 cxx=${CXX:-g++}
 read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")  # -std= comes with them
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fails=0 count=0
+fails=0 count=0 blocks=() block_docs=()
 for doc in "${docs[@]}"; do
   [ -f "$doc" ] || { echo "FAIL: $doc: no such file"; fails=$((fails + 1)); continue; }
   # One directory per document; its blocks are block_01.cc, block_02.cc, ...
-  dir="$tmp/$(printf '%03d' "$count")_$(basename "$doc" .md)"
+  dir="$tmp/$(printf '%03d' "${#block_docs[@]}")_$(basename "$doc" .md)"
+  block_docs+=("$doc")
   mkdir -p "$dir"
   awk -v dir="$dir" '
     /^```cpp/ { n++; file = sprintf("%s/block_%02d.cc", dir, n); inblock = 1; next }
@@ -28,14 +29,7 @@ for doc in "${docs[@]}"; do
     inblock { print > file }
   ' "$doc"
   for f in "$dir"/block_*.cc; do
-    [ -e "$f" ] || continue
-    count=$((count + 1))
-    if log=$("$cxx" "${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$f" 2>&1); then
-      echo "ok   $doc C++ block $(basename "$f")"
-    else
-      echo "FAIL $doc C++ block $(basename "$f"):"; sed 's/^/    /' "$f"; echo "$log" | head -20
-      fails=$((fails + 1))
-    fi
+    [ -e "$f" ] && blocks+=("$f") && echo "$doc" >"$f.doc"
   done
   # Relative links to .md files: [text](path.md) or [text](path.md#anchor).
   base=$(dirname "$doc")
@@ -43,6 +37,24 @@ for doc in "${docs[@]}"; do
     case "$target" in http*) continue ;; esac
     [ -f "$base/$target" ] || { echo "FAIL: $doc links to $target, which does not exist"; fails=$((fails + 1)); }
   done < <(grep -o '](\([^)#]*\.md\)' "$doc" | sed 's/^](//' | sort -u)
+done
+# The blocks compile side by side (one per core), each its own translation unit.
+jobs_max=$(nproc 2>/dev/null || echo 2)
+for f in "${blocks[@]}"; do
+  while [ "$(jobs -pr | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+  ( "$cxx" "${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$f" >"$f.log" 2>&1
+    echo $? >"$f.status" ) &
+done
+wait
+for f in "${blocks[@]}"; do
+  count=$((count + 1))
+  doc=$(cat "$f.doc")
+  if [ "$(cat "$f.status")" = 0 ]; then
+    echo "ok   $doc C++ block $(basename "$f")"
+  else
+    echo "FAIL $doc C++ block $(basename "$f"):"; sed 's/^/    /' "$f"; head -20 "$f.log"
+    fails=$((fails + 1))
+  fi
 done
 [ "$count" -gt 0 ] || { echo "FAIL: no \`\`\`cpp blocks found in ${docs[*]}"; exit 1; }
 while IFS= read -r line; do
