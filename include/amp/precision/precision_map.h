@@ -34,11 +34,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/DispatchKeySet.h>
-#include <c10/core/TensorImpl.h>
 #include <c10/core/UndefinedTensorImpl.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
-#include <c10/util/intrusive_ptr.h>
 #include <torch/library.h>
 #include <torch/nn/module.h>
 
@@ -147,18 +145,16 @@ class PrecisionMap {
     return false;
   }
 
-  // The table for these models (each under its prefix: "" for one model,
-  // "0.", "1.", ... for Fabric's), resolved again only when the prefixes or
-  // the parameters themselves changed: the cache holds weak references to the
-  // parameters, so a new model can never pass for a freed one that lived at
-  // the same address. An entry that picks no module, or only modules without
-  // parameters, is an amp: error that lists the model's module names.
+  // The table for these models (each under its prefix: "" for one, "0.", "1.", ... for Fabric's), resolved again
+  // when the prefixes or the parameters themselves changed (a new model at a freed one's address is new). An entry
+  // that picks no module, or only modules without parameters, is an amp: error that lists the model's modules.
   Resolved resolve(const std::vector<std::pair<std::string, const torch::nn::Module*>>& models) const {
-    std::vector<std::string> prefixes;
+    std::vector<std::pair<std::string, size_t>> prefixes;
     std::vector<at::Tensor> params;
     for (const auto& m : models) {
-      prefixes.push_back(m.first + "\n" + std::to_string(m.second->parameters().size()));
-      for (const at::Tensor& p : m.second->parameters()) params.push_back(p);
+      const std::vector<at::Tensor> own = m.second->parameters();
+      prefixes.emplace_back(m.first, own.size());
+      params.insert(params.end(), own.begin(), own.end());
     }
     std::lock_guard<std::mutex> lock(cache_->mutex);
     if (cache_->table && cache_->prefixes == prefixes && same_tensors(cache_->params, params)) return cache_->table;
@@ -178,13 +174,12 @@ class PrecisionMap {
     std::type_index type = std::type_index(typeid(void));
     ModulePrecision precision;
   };
-  // A weak reference keeps a TensorImpl's memory (not its data) until it is
-  // dropped, so no other tensor can take its address meanwhile.
+  // Keeps a TensorImpl's memory (not its data): no other tensor can take its address.
   using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   struct Cache {
     std::mutex mutex;
-    std::vector<std::string> prefixes;  // each model's prefix and parameter count
-    std::vector<WeakImpl> params;       // every model's parameters, in order
+    std::vector<std::pair<std::string, size_t>> prefixes;  // each model's prefix and parameter count
+    std::vector<WeakImpl> params;                          // every model's parameters, in order
     std::shared_ptr<const detail::PrecisionTable> table;
   };
   static bool same_tensors(const std::vector<WeakImpl>& cached, const std::vector<at::Tensor>& now) {
