@@ -10,7 +10,8 @@
 // Writes per-step losses (float bits) to OUT_DIR/cpp_steps.txt and the final
 // parameters to OUT_DIR/cpp_<run>.pt for float8_twin.py, which trains the same
 // recipe written in plain Python torch (torch._scaled_mm in a
-// torch.autograd.Function) and compares bit for bit.
+// torch.autograd.Function, autocast excluded as in torchao) and compares bit
+// for bit, oneDNN off on both sides.
 //   fp8-tensorwise-mlp   the model's own forward (the C++ modules routed to
 //                        float8::linear by a region with float8::LinearGuard)
 //   fp8-delayed-mlp      the same with delayed scaling (amp/float8/delayed.h,
@@ -179,6 +180,9 @@ int main(int argc, char** argv) {
   }
   const std::string out = argv[1];
   std::cout << "float8_parity: LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << " on cpu\n";
+  // oneDNN off on both sides: every CPU takes _scaled_mm's emulated path (the
+  // twin: torch.backends.mkldnn.enabled = False), whether or not it has AMX-INT8.
+  at::globalContext().setUserEnabledMkldnn(false);
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
   if constexpr (amp::detail::compat::kCpuHasScaledMm) {
     std::ofstream steps(out + "/cpp_steps.txt");

@@ -6,8 +6,10 @@ The same recipe written in plain torch: torchao.float8's tensorwise dynamic
 scaling (float8_utils.py's amax_to_scale and to_fp8_saturated), or Transformer
 Engine's delayed scaling (its default fused kernel's update, delayed_scaling.cu,
 with "max"), e4m3 for inputs and weights, e5m2 for output
-gradients, torch._scaled_mm in a torch.autograd.Function, the rest under
-torch.autocast("cpu", bfloat16).
+gradients, torch._scaled_mm in a torch.autograd.Function (called with autocast
+excluded, where torchao calls it), the rest under torch.autocast("cpu", bfloat16).
+oneDNN is off on both sides, so every CPU takes _scaled_mm's emulated path
+(with AMX-INT8 and oneDNN on it would take mkldnn_scaled_mm instead).
 Trains what the C++ half trained and compares losses and final parameters
 bit for bit. Exits 1 on any difference.
 """
@@ -33,8 +35,17 @@ def to_fp8_saturated(x, scale, f8):
     return (x.to(torch.float32) * scale).clamp(min=-m, max=m).to(f8)
 
 
+def where_torchao_calls_scaled_mm():
+    """torchao reaches torch._scaled_mm from Float8TrainingTensor's
+    __torch_dispatch__ for aten.mm, inside mm's autocast kernel, which has
+    excluded the autocast key (autocast_mode.h's WrapFunction_). The CPU
+    emulation's fp32 matmul therefore runs in fp32, not bf16."""
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU))
+
+
 def scaled_mm(a8, b8, sa, sb, out):
-    return torch._scaled_mm(a8, b8, scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=out)
+    with where_torchao_calls_scaled_mm():
+        return torch._scaled_mm(a8, b8, scale_a=sa.reciprocal(), scale_b=sb.reciprocal(), out_dtype=out)
 
 
 def pad_rows_to_16(t):
@@ -193,8 +204,9 @@ def f8_mm(a, b, out_dtype, use_fast_accum):
         post = a_inv * b_inv
         a_inv = a_inv.new_ones(())
         b_inv = a_inv.new_ones(())
-    out = torch._scaled_mm(a_data, b_data, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype,
-                           use_fast_accum=use_fast_accum)
+    with where_torchao_calls_scaled_mm():
+        out = torch._scaled_mm(a_data, b_data, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype,
+                               use_fast_accum=use_fast_accum)
     if post is not None:
         out *= post
     return out
@@ -354,6 +366,7 @@ def vectorized_update_is_the_loop():
 
 def main(out):
     print(f"float8_twin: torch {torch.__version__} on cpu")
+    torch.backends.mkldnn.enabled = False  # the C++ half: at::globalContext().setUserEnabledMkldnn(false)
     if not vectorized_update_is_the_loop():
         print("FAIL the vectorized delayed update (the benchmark's) differs from the kernel loop")
         return 1

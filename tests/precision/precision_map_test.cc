@@ -105,6 +105,28 @@ TEST(PrecisionMap, MemberSubmoduleByPathRunsInFp32WithTheHandWrittenBits) {
   expect_same(g_mapped, g_twin);
 }
 
+// N-D input with a bias, in fp32 (docs/regions.md, "Linear routing"): LibTorch's
+// F::linear adds the bias after the matmul, so the output is linear(x, w) + b,
+// where Python's aten::linear runs one addmm on the flattened input; they part
+// where the BLAS splits the inner dimension (OpenBLAS: in past 320 here).
+// Flattened to 2-D around the layer, it is Python's linear(x, w, b).
+TEST(PrecisionMap, NDInputWithABiasIsTheMatmulThenTheBiasAndFlattenedIsPythonsLinear) {
+  torch::manual_seed(3);
+  torch::nn::Module net;
+  torch::nn::Linear head = net.register_module("head", torch::nn::Linear(1024, 32));
+  const torch::Tensor x = torch::randn({4, 16, 1024});
+  torch::Tensor nd, flat;
+  {
+    amp::Region<M, amp::CPU> region(with(amp::PrecisionMap().path("head", P::kFp32)), net);
+    nd = head(x);
+    flat = head(x.reshape({-1, 1024})).reshape({4, 16, 32});
+  }
+  amp::AutocastDisabled<amp::CPU> off;
+  EXPECT_EQ(nd.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(nd, torch::linear(x, head->weight) + head->bias));
+  EXPECT_TRUE(torch::equal(flat, torch::linear(x, head->weight, head->bias)));
+}
+
 TEST(PrecisionMap, ANestedMemberAndEverythingUnderItByPath) {
   Net net = make_net();
   const torch::Tensor x = torch::randn({32, 8});

@@ -15,6 +15,8 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
@@ -61,11 +63,21 @@ inline constexpr at::ScalarType kComputeDtype = at::kBFloat16;
 
 namespace detail {
 
+// at::_scaled_mm as torchao reaches it: inside mm's autocast kernel, with
+// autocast excluded. Where LibTorch emulates it (a CPU without AMX-INT8, or
+// oneDNN off) it dequantizes to fp32 and calls at::matmul, which autocast
+// would otherwise round to bf16.
+inline at::Tensor scaled_mm_call(const at::Tensor& a8, const at::Tensor& b8, const at::Tensor& a_inv_scale,
+                                 const at::Tensor& b_inv_scale, at::ScalarType out, bool fast_accum) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return at::_scaled_mm(a8, b8, a_inv_scale, b_inv_scale, c10::nullopt, c10::nullopt, out, fast_accum);
+}
+
 // a8 [M, K] row-major times b8 [K, N] column-major, each with its scale
 // (x_fp8 = x * scale): _scaled_mm takes the inverse scales.
 inline at::Tensor scaled_mm(const at::Tensor& a8, const at::Tensor& b8, const at::Tensor& a_scale,
                             const at::Tensor& b_scale, at::ScalarType out) {
-  return at::_scaled_mm(a8, b8, a_scale.reciprocal(), b_scale.reciprocal(), c10::nullopt, c10::nullopt, out, false);
+  return scaled_mm_call(a8, b8, a_scale.reciprocal(), b_scale.reciprocal(), out, false);
 }
 
 // t [M, ...] with zero rows appended up to a multiple of 16 (t itself when M is one).

@@ -56,8 +56,7 @@ inline std::pair<at::Tensor, at::Tensor> rowwise_cast(const at::Tensor& t, int64
 inline at::Tensor rowwise_mm_post_scaled(const at::Tensor& a8, const at::Tensor& b8, const at::Tensor& a_scale,
                                          const at::Tensor& b_scale, at::ScalarType out) {
   const at::Tensor one = at::ones({}, a_scale.options());
-  at::Tensor y = at::_scaled_mm(a8.contiguous(), b8.t().contiguous().t(), one, one, c10::nullopt, c10::nullopt, out,
-                                /*use_fast_accum=*/false);
+  at::Tensor y = scaled_mm_call(a8.contiguous(), b8.t().contiguous().t(), one, one, out, /*fast_accum=*/false);
   y.mul_(a_scale.reciprocal() * b_scale.reciprocal());
   return y;
 }
@@ -71,8 +70,8 @@ struct RowwiseMatmul : torch::autograd::Function<RowwiseMatmul> {
     ctx->saved_data["gw_hp"] = gw_hp;
     const auto [x8, x_scale] = rowwise_cast(x, 1);       // [M, 1]
     const auto [w8t, w_scale] = rowwise_cast(w.t(), 0);  // [K, N], [1, N]
-    return at::_scaled_mm(x8.contiguous(), w8t.t().contiguous().t(), x_scale.reciprocal(), w_scale.reciprocal(),
-                          c10::nullopt, c10::nullopt, x.scalar_type(), /*use_fast_accum=*/true);
+    return scaled_mm_call(x8.contiguous(), w8t.t().contiguous().t(), x_scale.reciprocal(), w_scale.reciprocal(),
+                          x.scalar_type(), /*fast_accum=*/true);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

@@ -83,7 +83,7 @@ struct LinearRoutingState {
   c10::DeviceType device = c10::DeviceType::CPU;
   LinearFn fn = nullptr;
   MappedLinearFn mapped = nullptr;  // checked before fn
-  // The output of the last matmul(x, w.t()) routed to `fn` (identity only):
+  // The output of the last matmul(x, w.t()) routed while `fn` is set (identity only):
   // LibTorch's C++ F::linear adds the bias to it next (`output += bias`, in
   // the fp32 bias's precision); routed_add_ casts that bias to the output's
   // dtype first, as `fn`'s own linear(x, w, bias) does (float8: torchao's
@@ -141,13 +141,11 @@ inline bool routes(const LinearRoutingState& s, const at::Tensor& weight) {
 
 inline bool is_one(const c10::Scalar& s) { return !s.isComplex() && s.toDouble() == 1.0; }
 
-// A routed linear: the precision map's, else the LinearFn's (`*by_fn` says
-// which ran), else at::linear.
+// A routed linear: the precision map's, else the LinearFn's, else at::linear.
 inline at::Tensor run_linear(const LinearRoutingState& s, const at::Tensor& input, const at::Tensor& weight,
-                             const c10::optional<at::Tensor>& bias, bool* by_fn = nullptr) {
+                             const c10::optional<at::Tensor>& bias) {
   at::Tensor out;
   if (s.mapped != nullptr && s.mapped(input, weight, bias, s.device, out)) return out;
-  if (by_fn != nullptr) *by_fn = s.fn != nullptr;
   return s.fn ? s.fn(input, weight, bias) : at::_ops::linear::call(input, weight, bias);
 }
 
@@ -174,9 +172,8 @@ inline at::Tensor routed_matmul(c10::DispatchKeySet keys, const at::Tensor& self
   if (s.on) {
     const at::Tensor w = transposed_leaf(other);
     if (w.defined() && routes(s, w)) {
-      bool by_fn = false;
-      at::Tensor out = run_linear(s, self, w, c10::nullopt, &by_fn);
-      s.bias_pending = by_fn ? out.unsafeGetTensorImpl() : nullptr;
+      at::Tensor out = run_linear(s, self, w, c10::nullopt);
+      s.bias_pending = s.fn ? out.unsafeGetTensorImpl() : nullptr;  // mapped or not: one rule per region
       return out;
     }
   }
