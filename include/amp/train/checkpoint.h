@@ -7,17 +7,20 @@
 //
 // Layout (a torch::serialize archive): "amp/format" (int), "amp/precision"
 // (the policy's name), "amp/step", "amp/epoch", "amp/batch_in_epoch" (ints),
+// "amp/lr" (each parameter group's learning rate, a double tensor),
 // and the sub-archives "model", "optimizer" (LibTorch's own formats) and
 // "scaler" (the scaler's state_dict entries, torch's keys); a Float8<Delayed>
 // policy adds "float8" (amp/float8/policy.h), and the random generators'
 // states are under "amp/rng/" (train/rng_state.h). Trainer::save and
 // Trainer::load use these; load() rolls back on any failure. Several models
 // and optimizers (Fabric::save) instead have "amp/models" and
-// "amp/optimizers" (their counts) and "model_<i>", "optimizer_<i>" in setup order.
+// "amp/optimizers" (their counts) and "model_<i>", "optimizer_<i>", "amp/lr_<i>"
+// in setup order. User entries (amp/train/user_state.h): "amp/user", "user/<name>".
 #pragma once
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <torch/types.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -52,6 +55,26 @@ inline void write_header(torch::serialize::OutputArchive& archive, const std::st
   archive.write("amp/batch_in_epoch", c10::IValue(counters.batch_in_epoch));
 }
 
+// Each parameter group's learning rate, under `key`: LibTorch 1.13's
+// Optimizer::load() does not restore the groups' options (2.x does), so a
+// scheduler's or a hand-set rate would be lost on resume.
+inline void write_lrs(torch::serialize::OutputArchive& archive, const std::string& key,
+                      const torch::optim::Optimizer& optimizer) {
+  std::vector<double> lrs;
+  for (const auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
+  archive.write(key, torch::tensor(lrs, torch::kDouble), /*is_buffer=*/true);
+}
+inline void read_lrs(torch::serialize::InputArchive& archive, const std::string& key,
+                     torch::optim::Optimizer& optimizer) {
+  at::Tensor lrs;
+  if (!archive.try_read(key, lrs, /*is_buffer=*/true)) return;  // a checkpoint from before amp wrote it
+  auto& groups = optimizer.param_groups();
+  TORCH_CHECK(lrs.dim() == 1 && lrs.numel() == static_cast<int64_t>(groups.size()), "amp: the checkpoint's '", key,
+              "' has ", lrs.numel(), " learning rates for an optimizer of ", groups.size(), " parameter groups");
+  const at::Tensor values = lrs.to(torch::kCPU, torch::kDouble).contiguous();
+  for (size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(values.data_ptr<double>()[i]);
+}
+
 template <class Scaler>
 void write_scaler(torch::serialize::OutputArchive& archive, const Scaler& scaler) {
   torch::serialize::OutputArchive scaler_archive;
@@ -70,6 +93,7 @@ torch::serialize::OutputArchive checkpoint_archive(const std::string& precision,
   optimizer.save(optim);
   archive.write("model", model);
   archive.write("optimizer", optim);
+  write_lrs(archive, "amp/lr", optimizer);
   write_scaler(archive, scaler);
   return archive;
 }
@@ -93,6 +117,7 @@ torch::serialize::OutputArchive checkpoint_archive(const std::string& precision,
     torch::serialize::OutputArchive optim;
     optimizers[i]->save(optim);
     archive.write("optimizer_" + std::to_string(i), optim);
+    write_lrs(archive, "amp/lr_" + std::to_string(i), *optimizers[i]);
   }
   write_scaler(archive, scaler);
   return archive;
@@ -158,6 +183,7 @@ CheckpointCounters apply_checkpoint(torch::serialize::InputArchive& archive, tor
   archive.read("optimizer", optim);
   module.load(model);
   load_optimizer(optim, optimizer);
+  read_lrs(archive, "amp/lr", optimizer);
   return apply_scaler_and_counters(archive, scaler);
 }
 
@@ -184,6 +210,7 @@ CheckpointCounters apply_checkpoint(torch::serialize::InputArchive& archive,
     torch::serialize::InputArchive optim;
     archive.read("optimizer_" + std::to_string(i), optim);
     load_optimizer(optim, *optimizers[i]);
+    read_lrs(archive, "amp/lr_" + std::to_string(i), *optimizers[i]);
   }
   return apply_scaler_and_counters(archive, scaler);
 }

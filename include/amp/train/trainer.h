@@ -43,6 +43,7 @@
 #include "amp/scaler/no_scaler.h"
 #include "amp/scaler/static_scaler.h"
 #include "amp/train/stepper.h"
+#include "amp/train/user_state.h"
 #include "amp/precision/strict_casts.h"
 #include "amp/core/rules.h"
 #include "amp/float8/policy.h"
@@ -281,6 +282,9 @@ class Trainer {
   // Where the model's parameters are.
   c10::Device parameter_device() const { return module_->parameters().front().device(); }
 
+  // The user's own checkpoint entries (amp/train/user_state.h): an LR
+  // scheduler (stepped after each optimizer step), tensors, integers.
+  UserState& user_state() { return user_state_; }
   torch::nn::Module& module() { return *module_; }
   std::shared_ptr<torch::nn::Module> module_ptr() const { return module_; }
   scaler_type& scaler() { return stepper_.scaler(); }
@@ -313,7 +317,9 @@ class Trainer {
   }
 
   StepResult after_step(StepResult r) {
-    if (r.optimizer_step) float8_.update(detail::reduce_max_with(stepper_.gradient_sync()));
+    if (!r.optimizer_step) return r;
+    float8_.update(detail::reduce_max_with(stepper_.gradient_sync()));
+    user_state_.step_schedulers();
     return r;
   }
 
@@ -357,6 +363,7 @@ class Trainer {
     torch::serialize::OutputArchive archive =
         detail::checkpoint_archive(precision_name, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
     float8_.write(archive);
+    user_state_.write(archive);
     if (options_.rng_state()) {
       detail::write_rng(archive, stepper_.gradient_sync());
       if (batch_in_epoch_ > 0 && epoch_start_rng_.defined())
@@ -376,7 +383,8 @@ class Trainer {
       Stepper<scaler_type>& s;
       ~Reload() { s.reload_optimizer_state(); }
     } reload{stepper_};
-    // The generators' entries checked before anything changes.
+    // The user's and the generators' entries checked before anything changes.
+    const UserState::Pending user = user_state_.check(archive);
     std::optional<detail::RngStates> rng;
     at::Tensor epoch_start;
     if (options_.rng_state()) {
@@ -390,6 +398,7 @@ class Trainer {
     }
     const CheckpointCounters c = detail::apply_checkpoint(archive, *module_, stepper_.optimizer(), stepper_.scaler());
     float8_.read(archive);
+    user.apply();
     if (rng) detail::restore_rng(*rng);
     epoch_start_rng_ = epoch_start;
     resume_rng_ = epoch_start.defined() && rng ? rng->cpu : at::Tensor();
@@ -417,6 +426,7 @@ class Trainer {
   Stepper<scaler_type> stepper_;
   bool closure_optimizer_;
   float8::detail::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories
+  UserState user_state_;
   int64_t epoch_ = 0;
   int64_t batch_in_epoch_ = 0;
   at::Tensor epoch_start_rng_;  // fit(): the CPU generator's state as this epoch began
