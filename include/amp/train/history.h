@@ -1,4 +1,4 @@
-// amp/train/history.h: fit()'s options and its per-step record.
+// amp/train/history.h: fit()'s options, its per-step record, and the loaders it takes.
 //
 //   amp::History h = trainer.fit(loader, fn, amp::FitOptions().max_epochs(3).log_every(100));
 //   for (const amp::StepMetrics& m : h.steps) std::cout << m.step << " " << m.loss << "\n";
@@ -11,9 +11,13 @@
 #include <ATen/ATen.h>
 #include <torch/arg.h>
 
+#include <c10/util/TypeTraits.h>
+
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "amp/train/detail/progress.h"
@@ -101,6 +105,18 @@ class PendingMetrics {
   std::vector<StepMetrics> metrics_;
   std::vector<at::Tensor> losses_, scales_, found_;
 };
+
+// Range-like: a DataLoader (unique_ptr) or any range of batches.
+template <class L>
+decltype(auto) as_range(L& loader) {
+  if constexpr (std::is_pointer_v<std::decay_t<L>> ||
+                c10::guts::is_instantiation_of<std::unique_ptr, std::decay_t<L>>::value ||
+                c10::guts::is_instantiation_of<std::shared_ptr, std::decay_t<L>>::value) {
+    return *loader;
+  } else {
+    return (loader);
+  }
+}
 
 }  // namespace detail
 }  // namespace amp
