@@ -35,6 +35,12 @@
 
 namespace amp {
 namespace detail {
+
+// The largest finite value of each float8 format (torch.finfo(dtype).max):
+// float8::kE4M3Max and kE5M2Max, and the fp8 optimizer states' scale.
+inline constexpr double kFloat8E4M3Max = 448.0;
+inline constexpr double kFloat8E5M2Max = 57344.0;
+
 namespace compat {
 
 inline constexpr bool kHasFloat8Dtype = AMP_DETAIL_HAS_FLOAT8_DTYPE;  // at::kFloat8_e4m3fn (fp8 optimizer states)

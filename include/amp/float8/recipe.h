@@ -29,8 +29,8 @@ namespace amp {
 namespace float8 {
 
 // The largest finite value of each float8 format.
-inline constexpr double kE4M3Max = 448.0;    // float8_e4m3fn: forward inputs and weights
-inline constexpr double kE5M2Max = 57344.0;  // float8_e5m2: output gradients (backward)
+inline constexpr double kE4M3Max = amp::detail::kFloat8E4M3Max;  // float8_e4m3fn: forward inputs and weights
+inline constexpr double kE5M2Max = amp::detail::kFloat8E5M2Max;  // float8_e5m2: output gradients (backward)
 // torchao's floor under amax, so that an all-zero tensor gets a finite scale.
 inline constexpr double kAmaxEps = 1e-12;
 

@@ -107,7 +107,7 @@ class QuantizedState {
     if (format_ == StateFormat::kFp8) {
       // subclass_fp8.py quantize_fp8
       const at::Tensor blocks = flat.view({-1, block_size_});
-      const at::Tensor scale = blocks.abs().amax(-1).clamp_min(1e-12) / detail::lowbit::kFp8Max;
+      const at::Tensor scale = blocks.abs().amax(-1).clamp_min(1e-12) / detail::kFloat8E4M3Max;
       return {(blocks / scale.view({-1, 1})).to(code_dtype(format_)).view({-1}), scale};
     }
     const bool four_bit = format_ == StateFormat::kInt4;

@@ -107,8 +107,6 @@ inline at::Tensor dequant_with_qmap(const at::Tensor& codes, const at::Tensor& m
   return at::index_select(map, 0, codes.to(at::kInt).view({-1})).view({scale.size(0), -1}) * scale.view({-1, 1});
 }
 
-inline constexpr double kFp8Max = 448.0;  // torch.finfo(torch.float8_e4m3fn).max
-
 // torchao's copy_ (8-/4-bit) as tensor ops: scale_tensor, the search, the
 // 4-bit packing ((codes[::2] << 4) | codes[1::2]). Any device.
 inline std::pair<at::Tensor, at::Tensor> quantize_ops(const at::Tensor& flat, const at::Tensor& map, int64_t block_size,
