@@ -37,10 +37,13 @@
 #include "amp/float8/policy.h"
 #include "amp/float8/recipe.h"
 // train: Stepper, Trainer, Fabric, checkpoints, history
+#include "amp/train/activation_checkpoint.h"
 #include "amp/train/checkpoint.h"
 #include "amp/train/history.h"
 #include "amp/train/fabric.h"
 #include "amp/train/stepper.h"
 #include "amp/train/trainer.h"
+#include "amp/train/trainer_options.h"
+#include "amp/train/user_state.h"
 // capture: the step as a CUDA graph
 #include "amp/capture/captured_step.h"

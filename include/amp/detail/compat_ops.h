@@ -3,8 +3,8 @@
 //
 //   amp::detail::compat::set_autocast_enabled(c10::DeviceType::CPU, true);
 //
-// Sections: autocast state; telling autocast's own work apart; TF32 flags;
-// optimizer state keys.
+// Sections: autocast state; telling autocast's own work apart; autograd
+// nodes; TF32 flags; optimizer state keys.
 #pragma once
 
 #include <ATen/Context.h>
@@ -16,10 +16,15 @@
 #include <c10/core/ScalarType.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/graph_task.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "amp/detail/compat.h"
 
@@ -114,6 +119,20 @@ inline void clear_autocast_cache() { at::autocast::clear_cache(); }
 // engine sets a thread-local current graph task around every node it runs;
 // this accessor of it exists, with this signature, in 1.13 and 2.x).
 inline bool inside_autograd_backward() { return torch::autograd::get_current_graph_task_exec_info() != nullptr; }
+
+// --- autograd nodes (train/activation_checkpoint.h) ---------------------------
+// torch::autograd::Node was held by std::shared_ptr (1.13, 2.6) and is held by
+// c10::intrusive_ptr since pytorch#181782 (2026; 2.14 here). The switch is the
+// type itself, which says exactly which one this LibTorch has.
+inline constexpr bool kAutogradNodeIsIntrusive = std::is_base_of_v<c10::intrusive_ptr_target, torch::autograd::Node>;
+template <class T, class... Args>
+auto make_autograd_node(Args&&... args) {
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, T>) {
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
+  } else {
+    return std::make_shared<T>(std::forward<Args>(args)...);
+  }
+}
 
 // --- TF32 math mode (tf32.h) -------------------------------------------------
 // allowTF32CuBLAS() is derived from float32MatmulPrecision (HIGHEST = off) in

@@ -135,8 +135,7 @@ inline at::Tensor transposed_leaf(const at::Tensor& t) {
 // device, autocast on for it (not inside autocast's own kernels or a
 // full_precision island), not inside backward.
 inline bool routes(const LinearRoutingState& s, const at::Tensor& weight) {
-  return s.on && weight.device().type() == s.device && !autocast_dispatch_excluded(s.device) &&
-         !compat::inside_autograd_backward();
+  return s.on && weight.device().type() == s.device && !autocast_dispatch_excluded(s.device) && !in_backward_pass();
 }
 
 inline bool is_one(const c10::Scalar& s) { return !s.isComplex() && s.toDouble() == 1.0; }

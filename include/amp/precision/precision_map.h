@@ -257,9 +257,10 @@ class PrecisionMap {
 
 namespace detail {
 
-// This thread's table while a region with a map lives (null: none).
-inline const PrecisionTable*& precision_table() {
-  static thread_local const PrecisionTable* table = nullptr;
+// This thread's table while a region with a map lives (null: none); shared,
+// so that a recompute in backward (amp/train/activation_checkpoint.h) keeps it.
+inline std::shared_ptr<const PrecisionTable>& precision_table() {
+  static thread_local std::shared_ptr<const PrecisionTable> table;
   return table;
 }
 
@@ -297,7 +298,7 @@ inline at::Tensor to_fp32(const at::Tensor& t) {
 // A routed linear whose weight a mapped module owns (LinearRoutingState::mapped).
 inline bool mapped_linear(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                           c10::DeviceType device, at::Tensor& out) {
-  const PrecisionTable* table = precision_table();
+  const PrecisionTable* table = precision_table().get();
   if (table == nullptr) return false;
   const ModulePrecision* p = mapped_precision(*table, weight);
   if (p == nullptr) return false;
@@ -316,11 +317,11 @@ inline bool mapped_linear(const at::Tensor& input, const at::Tensor& weight, con
 inline void mapped_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   c10::impl::ExcludeDispatchKeyGuard nested(kLinearRoutingKey);
   const c10::DispatchKeySet below = below_routing(keys);
-  const PrecisionTable* table = precision_table();
+  const PrecisionTable* table = precision_table().get();
   const LinearRoutingState& s = linear_routing_state();
   const size_t n = op.schema().arguments().size();
   const ModulePrecision* p = nullptr;
-  if (table != nullptr && s.on && !autocast_dispatch_excluded(s.device) && !compat::inside_autograd_backward()) {
+  if (table != nullptr && s.on && !autocast_dispatch_excluded(s.device) && !in_backward_pass()) {
     for (size_t i = stack->size() - n; i < stack->size() && p == nullptr; ++i) {
       const c10::IValue& v = (*stack)[i];
       if (v.isTensor()) p = mapped_precision(*table, v.toTensor());
@@ -379,8 +380,7 @@ class PrecisionMapGuard {
   void install(std::shared_ptr<const PrecisionTable> table) {
     if (table == nullptr) return;
     register_precision_map_kernels();
-    table_ = std::move(table);
-    precision_table() = table_.get();
+    precision_table() = std::move(table);
     linear_routing_state().mapped = &mapped_linear;
   }
   ~PrecisionMapGuard() {
@@ -391,8 +391,7 @@ class PrecisionMapGuard {
   PrecisionMapGuard& operator=(const PrecisionMapGuard&) = delete;
 
  private:
-  std::shared_ptr<const PrecisionTable> table_;
-  const PrecisionTable* prev_;
+  std::shared_ptr<const PrecisionTable> prev_;
   MappedLinearFn prev_mapped_;
 };
 

@@ -1,5 +1,6 @@
 // amp/precision/detail/autocast_tls.h: whether the op being dispatched was
-// issued by autocast itself (strict casts and linear routing leave those alone).
+// issued by autocast itself (strict casts and linear routing leave those
+// alone), or inside a backward pass.
 #pragma once
 
 #include <c10/core/DeviceType.h>
@@ -8,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include "amp/core/device.h"
+#include "amp/detail/compat_ops.h"
 
 namespace amp {
 namespace detail {
@@ -23,6 +25,17 @@ inline bool autocast_dispatch_excluded(c10::DeviceType device) {
               c10::DeviceTypeName(device), "; give its device tag an autocast_key in amp/core/device.h");
   return c10::impl::tls_is_dispatch_key_excluded(key);
 }
+
+// Set while amp::checkpoint recomputes a forward inside backward
+// (amp/train/activation_checkpoint.h): linear routing and the precision map,
+// which stay out of backward passes, then apply as they did in the forward.
+inline bool& recomputing_forward() {
+  static thread_local bool on = false;
+  return on;
+}
+
+// Inside a backward pass, and not in such a recompute.
+inline bool in_backward_pass() { return compat::inside_autograd_backward() && !recomputing_forward(); }
 
 }  // namespace detail
 }  // namespace amp
