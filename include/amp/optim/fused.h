@@ -64,6 +64,7 @@ class FusedStep {
   ~FusedStep() = default;
 
   FusedKind kind() const { return kind_; }
+  const SupportsAmpScaling* own_step() const { return own_; }  // kOptimizer: the optimizer's step_scaled()
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const torch::optim::Optimizer& optimizer() const { return *optimizer_; }
 

@@ -192,6 +192,8 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
     }
   }
 
+  std::string step_path() const override { return name() + "'s step_scaled(): ATen ops one at a time, not fused"; }
+
   void make_state() override {
     at::NoGradGuard no_grad;
     gather();

@@ -96,7 +96,8 @@ class OptimizerStep {
     if (!fused_)
       return "unfused (the optimizer's own step()" +
              std::string(uses_loss_scaling_v<Scaler> ? "; one host sync per step to decide a skip)" : ")");
-    if (fused_->kind() == FusedKind::kOptimizer) return "fused (the optimizer's own step_scaled(), no host sync)";
+    if (fused_->kind() == FusedKind::kOptimizer)
+      return "sync-free (" + fused_->own_step()->step_path() + ", no host sync)";
     return std::string("fused (") + fused_kind_name(fused_->kind()) + " kernel, no host sync)";
   }
   // The fused path's device step counters into optimizer.state() (a host

@@ -10,6 +10,8 @@
 // and so Trainer, Stepper and Fabric, take it as their sync-free path.
 #pragma once
 
+#include <string>
+
 #include <ATen/core/Tensor.h>
 
 namespace amp {
@@ -29,6 +31,9 @@ class SupportsAmpScaling {
   // Makes the state of every parameter that has a gradient now, so that later
   // steps make and replace no state tensor (a captured step needs that).
   virtual void make_state() = 0;
+
+  // What step_scaled() runs, in words, for the Trainer's "optimizer path" line.
+  virtual std::string step_path() const { return "the optimizer's own step_scaled()"; }
 };
 
 }  // namespace amp
