@@ -18,6 +18,7 @@
 
 #include "amp/amp.h"
 #include "../error_of.h"
+#include "../tmp_path.h"
 
 namespace float8_policy_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
@@ -59,10 +60,7 @@ Mlp make_net() {
   return Mlp();
 }
 
-std::string tmp_path(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return (fs::path(dir ? dir : fs::temp_directory_path().string()) / name).string();
-}
+using ::amp_test::tmp_path;
 
 void expect_same(torch::nn::Module& a, torch::nn::Module& b) {
   auto pa = a.parameters(), pb = b.parameters();

@@ -23,6 +23,7 @@
 #include "amp/amp.h"
 #include "amp/testing.h"
 #include "../error_of.h"
+#include "../tmp_path.h"
 #include "../scalar_reads.h"
 
 namespace fabric_test {  // a layer's test files share one TU (tests/BUILD.bazel)
@@ -34,10 +35,7 @@ namespace fs = std::filesystem;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::string tmp_path(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return (fs::path(dir ? dir : fs::temp_directory_path().string()) / name).string();
-}
+using ::amp_test::tmp_path;
 
 std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
   std::vector<torch::Tensor> out;

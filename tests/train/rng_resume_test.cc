@@ -22,6 +22,7 @@
 
 #include "amp/amp.h"
 #include "../error_of.h"
+#include "../tmp_path.h"
 
 extern char** environ;
 
@@ -196,10 +197,7 @@ const bool kChildRan = [] {
   std::exit(0);
 }();
 
-std::string tmp_path(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return (fs::path(dir ? dir : fs::temp_directory_path().string()) / name).string();
-}
+using ::amp_test::tmp_path;
 
 // Runs this binary as the child and returns what it wrote.
 Record resume_in_child(const std::string& mode, int64_t last, bool rng, const std::string& ckpt) {

@@ -20,6 +20,7 @@
 #include "amp/amp.h"
 #include "amp/testing.h"
 #include "../error_of.h"
+#include "../tmp_path.h"
 
 extern char** environ;
 
@@ -55,10 +56,7 @@ torch::Tensor loss_of(Region& region, Net& net, const torch::Tensor& x, const to
   return torch::cross_entropy_loss(out, y);
 }
 
-std::string tmp_path(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return (fs::path(dir ? dir : fs::temp_directory_path().string()) / name).string();
-}
+using ::amp_test::tmp_path;
 
 bool same_parameters(torch::nn::Module& a, torch::nn::Module& b) {
   auto pa = a.parameters(), pb = b.parameters();

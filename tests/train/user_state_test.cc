@@ -7,7 +7,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "../error_of.h"
+#include "../tmp_path.h"
 #include "amp/amp.h"
 
 namespace user_state_test {  // a layer's test files share one TU (tests/BUILD.bazel)
@@ -22,6 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::amp_test::error_of;
+using ::amp_test::tmp_path;
 using ::testing::HasSubstr;
 using Policy = amp::Mixed<amp::bf16, amp::NoScaler>;
 
@@ -57,25 +58,21 @@ struct Training {
   }
 };
 
-fs::path temp_checkpoint(const std::string& name) {
-  return fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".pt");
-}
-
 TEST(UserState, AResumeWithStepLRAndDropoutIsBitwiseTheUninterruptedRun) {
   torch::manual_seed(0);
   Training whole;
   whole.steps(0, 6);
 
   torch::manual_seed(0);
-  const fs::path path = temp_checkpoint("user_state_resume");
+  const std::string path = tmp_path("user_state_resume.pt");
   {
     Training first;
     first.steps(0, 3);
-    first.trainer.save(path.string());
+    first.trainer.save(path);
   }
   torch::manual_seed(123);  // the resumed run draws from the checkpoint's generator, not this one
   Training resumed;
-  resumed.trainer.load(path.string());
+  resumed.trainer.load(path);
   EXPECT_EQ(resumed.best, 2);
   resumed.steps(3, 6);
   fs::remove(path);
@@ -102,10 +99,10 @@ TEST(UserState, TheSchedulerStepsOncePerOptimizerStepNotPerMicroBatch) {
 
 TEST(UserState, OtherEntriesAreRefusedAndNothingChanges) {
   torch::manual_seed(0);
-  const fs::path path = temp_checkpoint("user_state_refused");
+  const std::string path = tmp_path("user_state_refused.pt");
   Training saved;
   saved.steps(0, 3);
-  saved.trainer.save(path.string());
+  saved.trainer.save(path);
 
   auto expect_refused = [&](amp::Trainer<Policy, amp::CPU>& trainer, Training& run, const std::string& why) {
     std::vector<torch::Tensor> before;
@@ -113,7 +110,7 @@ TEST(UserState, OtherEntriesAreRefusedAndNothingChanges) {
     const torch::Tensor ema = run.ema.clone();
     const int64_t best = run.best;
     const double lr = lr_of(run.opt);
-    EXPECT_THAT(error_of([&] { trainer.load(path.string()); }), HasSubstr(why));
+    EXPECT_THAT(error_of([&] { trainer.load(path); }), HasSubstr(why));
     const auto after = run.model->parameters();
     for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(before[i], after[i])) << "parameter " << i;
     EXPECT_TRUE(torch::equal(run.ema, ema));

@@ -127,7 +127,7 @@ inline bool inside_autograd_backward() { return torch::autograd::get_current_gra
 inline constexpr bool kAutogradNodeIsIntrusive = std::is_base_of_v<c10::intrusive_ptr_target, torch::autograd::Node>;
 template <class T, class... Args>
 auto make_autograd_node(Args&&... args) {
-  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, T>) {
+  if constexpr (kAutogradNodeIsIntrusive) {
     return c10::make_intrusive<T>(std::forward<Args>(args)...);
   } else {
     return std::make_shared<T>(std::forward<Args>(args)...);

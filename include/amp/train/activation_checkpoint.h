@@ -184,9 +184,7 @@ at::Tensor checkpoint(F&& f, const std::vector<at::Tensor>& inputs, bool preserv
               "amp: checkpoint's function must return a defined floating-point tensor, got ",
               y.defined() ? c10::toString(y.scalar_type()) : "an undefined tensor");
   y = y.detach();  // its own TensorImpl, even where fn returned an input
-  std::vector<at::Tensor> saved;
-  for (const at::Tensor& t : inputs) saved.push_back(t);
-  auto node = detail::compat::make_autograd_node<detail::CheckpointNode>(std::move(fn), saved, std::move(state));
+  auto node = detail::compat::make_autograd_node<detail::CheckpointNode>(std::move(fn), inputs, std::move(state));
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   node->expect_output(y);
   torch::autograd::set_history(y, node);

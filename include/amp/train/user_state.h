@@ -81,13 +81,6 @@ class UserState {
     return *this;
   }
 
-  bool empty() const { return entries_.empty(); }
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& kv : entries_) out.push_back(kv.first);
-    return out;
-  }
-
   // Steps every registered scheduler once (the Trainer calls it after an optimizer step).
   void step_schedulers() {
     for (auto& kv : entries_)
