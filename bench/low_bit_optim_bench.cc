@@ -1,6 +1,9 @@
 // bench/low_bit_optim_bench.cc: the optimizer step alone (no forward or
 // backward) of LibTorch's AdamW, ATen's fused AdamW (amp::FusedStep) and amp's
-// low-bit AdamW8bit, AdamW4bit and AdamWFp8, on CPU.
+// low-bit AdamW8bit, AdamW4bit and AdamWFp8 (their fused CPU step, and
+// AdamW8bit's ATen ops one at a time: LowBitOptions().fused(false)), on CPU,
+// beside a plain copy that moves as many bytes as each step must (the
+// bandwidth limit, as scaler_bench has it).
 //
 //   bazel run -c opt //bench:low_bit_optim_bench
 //   OMP_NUM_THREADS=2 build/bench/low_bit_optim_bench --benchmark_min_time=2      (CMake)
@@ -65,6 +68,21 @@ void run_own_step(benchmark::State& state) {
   run(state, optimizer, [&] { optimizer.step(); });
 }
 
+// A copy of range(0) bytes per parameter, read and written (a copy of n bytes
+// moves 2n): fused AdamW 28 (parameter, gradient, two fp32 moments: 4 reads, 3
+// writes), the 8-bit and fp8 steps 16 (parameter 8, gradient 4, two 1-byte
+// codes read and written 4), the 4-bit step 14, block scales aside.
+void BM_CopyBytes(benchmark::State& state) {
+  const int64_t params = 9964032;
+  const at::Tensor src = torch::ones({params * state.range(0) / 2}, torch::kByte);
+  at::Tensor dst = torch::empty_like(src);
+  for (int i = 0; i < kWarmupSteps; ++i) dst.copy_(src);
+  for (auto _ : state) dst.copy_(src);
+  state.counters["steps_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["bytes_per_param"] = static_cast<double>(state.range(0));
+}
+
 void BM_AdamW(benchmark::State& state) { run_own_step<torch::optim::AdamW>(state); }
 
 void BM_AdamWFused(benchmark::State& state) {
@@ -77,6 +95,11 @@ void BM_AdamWFused(benchmark::State& state) {
 
 void BM_AdamW8bit(benchmark::State& state) { run_own_step<amp::AdamW8bit>(state); }
 
+void BM_AdamW8bitAtenOps(benchmark::State& state) {
+  amp::AdamW8bit optimizer(make_params(), options(), amp::LowBitOptions().fused(false));
+  run(state, optimizer, [&] { optimizer.step(); });
+}
+
 void BM_AdamW4bit(benchmark::State& state) { run_own_step<amp::AdamW4bit>(state); }
 
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
@@ -88,7 +111,9 @@ void BM_AdamWFp8(benchmark::State& state) { run_own_step<amp::AdamWFp8>(state); 
 BENCHMARK(BM_AdamW)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamWFused)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamW8bit)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamW8bitAtenOps)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamW4bit)->UseRealTime()->Unit(benchmark::kMillisecond);
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
 BENCHMARK(BM_AdamWFp8)->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
+BENCHMARK(BM_CopyBytes)->Arg(28)->Arg(16)->Arg(14)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -401,8 +401,7 @@ TEST(LowBitAdam, TrainerSkipsInfStepsWithoutAHostSync) {
   // fp32 compute with a loss scaler: how the scaling path runs on every CPU LibTorch.
   amp::Stepper<amp::DynamicScaler> stepper(opt, amp::StepOptions(), amp::DynamicScaler());
   ASSERT_TRUE(stepper.fused()) << stepper.optimizer_path();
-  EXPECT_EQ(stepper.optimizer_path(),
-            "sync-free (AdamW8bit's step_scaled(): ATen ops one at a time, not fused, no host sync)");
+  EXPECT_EQ(stepper.optimizer_path(), "sync-free (AdamW8bit's fused CPU step, one pass per block, no host sync)");
   torch::manual_seed(5);
   const auto x = torch::randn({32, 64}), y = torch::randn({32, 64});
   auto loss = [&](double poison) { return torch::mse_loss(net->forward(x), y) * poison; };
@@ -492,9 +491,9 @@ TEST(LowBitAdam, PrecisionOfTwoModelsStepsAndResumesBitwise) {
   };
   Run first;
   EXPECT_EQ(first.prec.optimizer_path(first.opt_a),
-            "sync-free (AdamW8bit's step_scaled(): ATen ops one at a time, not fused, no host sync)");
+            "sync-free (AdamW8bit's fused CPU step, one pass per block, no host sync)");
   EXPECT_EQ(first.prec.optimizer_path(first.opt_b),
-            "sync-free (AdamW4bit's step_scaled(): ATen ops one at a time, not fused, no host sync)");
+            "sync-free (AdamW4bit's fused CPU step, one pass per block, no host sync)");
   for (int i = 0; i < 3; ++i) first.iteration(i);
   first.prec.save(path);
   for (int i = 3; i < 6; ++i) first.iteration(i);

@@ -38,7 +38,8 @@
 
 #include "amp/detail/compat.h"
 #include "amp/detail/compat_float8.h"
-#include "amp/detail/per_device.h"
+#include "amp/optim/detail/lowbit_fused_step.h"
+#include "amp/optim/detail/lowbit_step_inputs.h"
 #include "amp/optim/quantized_state.h"
 #include "amp/optim/supports_amp_scaling.h"
 
@@ -53,6 +54,10 @@ struct LowBitOptions {
   // The random bits come from the default generator of the parameter's
   // device: the same seed gives the same bits.
   TORCH_ARG(bool, bf16_stochastic_round) = false;
+  // CPU parameters with quantized states (fp32 or bf16, contiguous) take the
+  // fused step: one pass per block, the same bits as the ATen ops. false:
+  // every parameter takes the ATen ops one at a time (torchao's eager code).
+  TORCH_ARG(bool, fused) = true;
 };
 
 // One parameter's state: torchao's state["step"], "exp_avg", "exp_avg_sq"
@@ -85,45 +90,6 @@ struct LowBitAdamParamState : public torch::optim::OptimizerCloneableParamState<
                 "amp: the optimizer state in the checkpoint lacks exp_avg or exp_avg_sq");
   }
 };
-
-namespace detail {
-namespace lowbit {
-
-// torchao's _fp32_to_bf16_sr: round away from zero with probability (low 16
-// bits) / 2^16, from 16 random bits per element.
-inline at::Tensor fp32_to_bf16_sr(const at::Tensor& x) {
-  const at::Tensor rand_16bit = at::randint(0, 1 << 16, x.sizes(), x.options().dtype(at::kInt));
-  const at::Tensor bits = x.view(at::kInt);
-  const at::Tensor fraction = at::bitwise_and(bits, 0xFFFF);
-  const at::Tensor towards_zero = at::bitwise_and(bits, static_cast<int64_t>(0xFFFF0000LL));
-  return at::where(rand_16bit < fraction, towards_zero + 0x10000, towards_zero).view(at::kFloat).to(at::kBFloat16);
-}
-
-// grad_scale's reciprocal and found_inf's "skip", once per device.
-class DeviceFlags {
- public:
-  DeviceFlags(at::Tensor grad_scale, at::Tensor found_inf)
-      : grad_scale_(std::move(grad_scale)), found_inf_(std::move(found_inf)) {}
-  // torch's unscale_: inv_scale = scale.double().reciprocal().float().
-  at::Tensor inv_scale(const c10::Device& d) {
-    if (!grad_scale_.defined()) return at::Tensor();
-    return inv_.get(d, [&] {
-      return grad_scale_.reshape({}).to(at::kDouble).reciprocal().to(at::kFloat).to(d, /*non_blocking=*/true);
-    });
-  }
-  // 0-dim bool, true: keep everything as it was (found_inf nonzero).
-  at::Tensor keep(const c10::Device& d) {
-    if (!found_inf_.defined()) return at::Tensor();
-    return keep_.get(d, [&] { return (found_inf_.reshape({}) != 0).to(d, /*non_blocking=*/true); });
-  }
-
- private:
-  at::Tensor grad_scale_, found_inf_;
-  PerDevice inv_, keep_;
-};
-
-}  // namespace lowbit
-}  // namespace detail
 
 template <StateFormat Format, bool IsAdamW>
 class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
@@ -187,12 +153,33 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
       const c10::Device device = item.param.device();
       at::Tensor grad = item.param.grad();
       const at::Tensor inv_scale = flags.inv_scale(device);
+      if (takes_fused_step(item.param)) {
+        fused_step_param(item, grad, inv_scale, flags.keep(device));
+        continue;
+      }
       if (inv_scale.defined()) grad.mul_(inv_scale);
       step_param(item, grad, flags.keep(device));
     }
   }
 
-  std::string step_path() const override { return name() + "'s step_scaled(): ATen ops one at a time, not fused"; }
+  // Whether parameter p's step is the fused CPU one (else the ATen ops):
+  // LowBitOptions::fused() on, p on the CPU, fp32 or bf16, contiguous, with
+  // quantized states, and ATen's lerp rounding known on this machine.
+  bool takes_fused_step(const at::Tensor& p) const {
+    const at::Tensor& grad = p.grad();
+    return low_bit_.fused() && p.device().is_cpu() &&
+           (p.scalar_type() == at::kFloat || p.scalar_type() == at::kBFloat16) && p.is_contiguous() &&
+           (!grad.defined() || (grad.scalar_type() == p.scalar_type() && grad.is_contiguous())) &&
+           format_for(p) != StateFormat::kFloat && detail::lowbit::aten_cpu_rounding().known();
+  }
+
+  // What step_scaled() runs: the fused CPU step when any parameter takes it.
+  std::string step_path() const override {
+    for (const auto& group : param_groups_)
+      for (const at::Tensor& p : group.params())
+        if (takes_fused_step(p)) return name() + "'s fused CPU step, one pass per block";
+    return name() + "'s step_scaled(): ATen ops one at a time, not fused";
+  }
 
   void make_state() override {
     at::NoGradGuard no_grad;
@@ -347,6 +334,39 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
                           : p_f32.to(p.scalar_type());
     p.copy_(keep.defined() ? at::where(keep, p, next) : next);
     s.step().copy_(keep.defined() ? at::where(keep, s.step(), step) : step);
+  }
+
+  // step_param's arithmetic in one pass per block (optim/detail/lowbit_fused_step.h).
+  void fused_step_param(const Item& item, at::Tensor& grad, const at::Tensor& inv_scale, const at::Tensor& keep) {
+    const Options& o = *item.options;
+    LowBitAdamParamState& s = *item.state;
+    TORCH_CHECK(!o.amsgrad() || s.max_exp_avg_sq().defined(), "amp: ", name(),
+                ": amsgrad was turned on after the first step");
+    detail::lowbit::AdamHyper h;
+    h.lr = o.lr();
+    h.weight_decay = o.weight_decay();
+    h.beta1 = std::get<0>(o.betas());
+    h.beta2 = std::get<1>(o.betas());
+    h.eps = o.eps();
+    h.amsgrad = o.amsgrad();
+    h.adamw = IsAdamW;
+    h.stochastic_round = low_bit_.bf16_stochastic_round();
+    h.block_size = block_size();
+    detail::lowbit::fused_adam_param(h, item.param, grad, s.step(), moment_ref(s.exp_avg()), moment_ref(s.exp_avg_sq()),
+                                     h.amsgrad ? moment_ref(s.max_exp_avg_sq()) : detail::lowbit::MomentRef(),
+                                     inv_scale, keep);
+  }
+
+  static detail::lowbit::MomentRef moment_ref(const QuantizedState& q) {
+    detail::lowbit::MomentRef r;
+    r.format = q.format();
+    if (q.qmap().defined()) {
+      r.map = q.qmap().data_ptr<float>();
+      r.levels = q.qmap().numel();
+    }
+    r.codes = static_cast<uint8_t*>(q.codes().data_ptr());
+    r.scale = q.scale().data_ptr<float>();
+    return r;
   }
 
   // The moment's dequantized value lerped towards `end`: in place on the

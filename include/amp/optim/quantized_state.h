@@ -120,8 +120,12 @@ class QuantizedState {
   // without a host sync.
   void assign_(const at::Tensor& src, const at::Tensor& keep = at::Tensor()) {
     auto q = quantize(src);
-    at::Tensor& first = format_ == StateFormat::kFloat ? values_ : codes_;
-    const at::Tensor next = format_ == StateFormat::kFloat ? q.first.view(sizes_) : q.first;
+    // fp8 codes are selected as bytes: where() has no float8 kernel on 2.6.
+    const bool bytes = format_ == StateFormat::kFp8;
+    at::Tensor first = format_ == StateFormat::kFloat ? values_ : bytes ? codes_.view(at::kByte) : codes_;
+    const at::Tensor next = format_ == StateFormat::kFloat ? q.first.view(sizes_)
+                            : bytes                        ? q.first.view(at::kByte)
+                                                           : q.first;
     first.copy_(keep.defined() ? at::where(keep, first, next) : next);
     if (format_ != StateFormat::kFloat) scale_.copy_(keep.defined() ? at::where(keep, scale_, q.second) : q.second);
   }

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -16,6 +17,10 @@
 
 #include "amp/detail/compat_float8.h"
 #include "amp/optim/state_format.h"
+
+#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+#include <c10/util/Float8_e4m3fn.h>
+#endif
 
 namespace amp {
 namespace detail {
@@ -136,6 +141,55 @@ inline bool cpu_path(const at::Tensor& t) {
   return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
 }
 
+// torchao's search for one value: a branchless binary search for the largest
+// entry <= v, then the nearer neighbour (residual >= half the gap: up).
+C10_ALWAYS_INLINE int64_t nearest_code(float v, const float* m, int64_t levels) {
+  // Branchless, as torchao's search: a mispredicted branch per level costs more than the loads.
+  int64_t code = (levels / 2) & -static_cast<int64_t>(v >= m[levels / 2]);
+  for (int64_t step = levels / 4; step >= 1; step /= 2) code += step & -static_cast<int64_t>(v >= m[code + step]);
+  const int64_t up = std::min(code + 1, levels - 1);
+  const float down_v = m[code], up_v = m[up];
+  const float residual = v - down_v;
+  const float half = (up_v - down_v) * 0.5f;
+  return code + ((up - code) & -static_cast<int64_t>(residual >= half));
+}
+
+// One block of n values (fp32) to its absmax scale and codes: torchao's
+// scale_tensor (abs, amax, clip at 1e-12) and quantize_*_with_qmap for 8 and
+// 4 bits (two codes per byte, the first in the high nibble), or
+// subclass_fp8.py's quantize_fp8 (scale = clipped absmax / 448, codes
+// float8_e4m3fn). `codes` is the block's first byte.
+C10_ALWAYS_INLINE void quantize_block(const float* x, int64_t n, StateFormat format, const float* map, int64_t levels,
+                                      uint8_t* codes, float* scale) {
+  float amax = 0.f;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    nan = nan || std::isnan(a);
+    amax = a > amax ? a : amax;
+  }
+  const float clipped = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, static_cast<float>(1e-12));
+  if (format == StateFormat::kFp8) {
+#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+    const float sc = clipped / static_cast<float>(kFloat8E4M3Max);
+    *scale = sc;
+    for (int64_t i = 0; i < n; ++i) codes[i] = c10::Float8_e4m3fn(x[i] / sc).x;
+#endif
+    return;
+  }
+  *scale = clipped;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t code = nearest_code(x[i] / clipped, map, levels);
+    if (format == StateFormat::kInt8) {
+      codes[i] = static_cast<uint8_t>(code);
+    } else if (i % 2 == 0) {
+      codes[i / 2] = static_cast<uint8_t>(code << 4);
+    } else {
+      codes[i / 2] = static_cast<uint8_t>(codes[i / 2] | code);
+    }
+  }
+}
+
 inline std::pair<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& flat, const at::Tensor& map, int64_t block_size,
                                                       bool four_bit) {
   const int64_t n = flat.numel(), blocks = n / block_size, levels = map.numel();
@@ -146,39 +200,11 @@ inline std::pair<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& flat, co
   const float* m = map_c.data_ptr<float>();
   uint8_t* c = codes.data_ptr<uint8_t>();
   float* s = scale.data_ptr<float>();
-  const float floor = static_cast<float>(1e-12);  // clip(1e-12): the scalar rounded to fp32
+  const StateFormat format = four_bit ? StateFormat::kInt4 : StateFormat::kInt8;
+  const int64_t block_bytes = four_bit ? block_size / 2 : block_size;
   at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* xb = x + b * block_size;
-      float amax = 0.f;
-      bool nan = false;
-      for (int64_t i = 0; i < block_size; ++i) {
-        const float a = std::fabs(xb[i]);
-        if (std::isnan(a)) nan = true;
-        if (a > amax) amax = a;
-      }
-      const float sc = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, floor);
-      s[b] = sc;
-      for (int64_t i = 0; i < block_size; ++i) {
-        const float v = xb[i] / sc;
-        // Branchless, as torchao's search: a mispredicted branch per level costs more than the loads.
-        int64_t code = (levels / 2) & -static_cast<int64_t>(v >= m[levels / 2]);
-        for (int64_t step = levels / 4; step >= 1; step /= 2) code += step & -static_cast<int64_t>(v >= m[code + step]);
-        const int64_t up = std::min(code + 1, levels - 1);
-        const float down_v = m[code], up_v = m[up];
-        const float residual = v - down_v;
-        const float half = (up_v - down_v) * 0.5f;
-        code += (up - code) & -static_cast<int64_t>(residual >= half);
-        const int64_t k = b * block_size + i;
-        if (!four_bit) {
-          c[k] = static_cast<uint8_t>(code);
-        } else if (k % 2 == 0) {
-          c[k / 2] = static_cast<uint8_t>(code << 4);
-        } else {
-          c[k / 2] = static_cast<uint8_t>(c[k / 2] | code);
-        }
-      }
-    }
+    for (int64_t b = b0; b < b1; ++b)
+      quantize_block(x + b * block_size, block_size, format, m, levels, c + b * block_bytes, s + b);
   });
   return {codes, scale};
 }

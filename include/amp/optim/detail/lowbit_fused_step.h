@@ -1,0 +1,317 @@
+// amp/optim/detail/lowbit_fused_step.h: the low-bit Adams' fused CPU step.
+// One pass per block reads the codes, the scale, the parameter and the
+// gradient, computes the new moments and the update, writes the parameter
+// and requantizes; blocks run in parallel (at::parallel_for).
+//
+//   detail::lowbit::FusedAdam k{...constants...};
+//   detail::lowbit::fused_adam_step(k, param, grad, moments, rand16);
+//
+// Every step is the IEEE operation LowBitAdam's tensor-op path (torchao's
+// eager single_param_adam) performs, in the same order: the update's
+// products and quotients one at a time, lerp as ATen's CPU kernel rounds it
+// on this machine (aten_cpu_rounding()), the codes as lowbit_codec.h finds them.
+// The vector ISA is a run-time choice (an AVX2+FMA clone of the same loop on
+// x86 with GCC or Clang, the portable loop elsewhere); the bits are the same.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "amp/detail/compat_float8.h"
+#include "amp/optim/detail/lowbit_codec.h"
+#include "amp/optim/state_format.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define AMP_DETAIL_LOWBIT_X86_CLONES 1
+#else
+#define AMP_DETAIL_LOWBIT_X86_CLONES 0
+#endif
+
+namespace amp {
+namespace detail {
+namespace lowbit {
+
+// How ATen's CPU kernels round here, measured once per process on ATen
+// itself. Its vector kernels (AVX2/AVX-512) lerp with a scalar weight as
+// fma(w, end - start, start) (|w| < 0.5) or fma(w - 1, end - start, end); its
+// portable build (no FMA, or ATEN_CPU_CAPABILITY=default) multiplies and adds.
+// at::maximum's NaN is all ones in the vector kernels and quiet_NaN() in the
+// portable one; the NaN's bits matter where torchao's stochastic rounding
+// adds 0x10000 to them (0xFFFFFFFF wraps to 0). Unknown (neither formula
+// holds, or the NaNs disagree) keeps the tensor-op path.
+enum class LerpRounding { kFma, kSeparate, kUnknown };
+
+struct AtenCpuRounding {
+  LerpRounding lerp = LerpRounding::kUnknown;
+  uint32_t maximum_nan = 0;  // the bits of at::maximum(x, NaN)
+  bool known() const { return lerp != LerpRounding::kUnknown; }
+};
+
+// x as a rounded fp32 value: a product passed through here is not contracted
+// with the next addition into an fma (GCC contracts C++ by default,
+// -ffp-contract=fast), which ATen's separate ops never do.
+C10_ALWAYS_INLINE float rounded(float x) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(x));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(x));
+#else
+  volatile float kept = x;
+  x = kept;
+#endif
+  return x;
+}
+
+C10_ALWAYS_INLINE float lerp_as(LerpRounding r, float start, float end, float w) {
+  const float d = end - start;
+  if (std::fabs(w) < 0.5f) return r == LerpRounding::kFma ? std::fma(w, d, start) : start + rounded(w * d);
+  return r == LerpRounding::kFma ? std::fma(w - 1.f, d, end) : end - rounded(d * (1.f - w));
+}
+
+inline const AtenCpuRounding& aten_cpu_rounding() {
+  static const AtenCpuRounding rounding = [] {
+    at::NoGradGuard no_grad;
+    constexpr int64_t n = 256;  // past every vector width and unroll, with a scalar tail of 0
+    at::Tensor a = at::empty({n}, at::kFloat), b = at::empty({n}, at::kFloat);
+    uint32_t x = 12345u;  // a fixed LCG: the same probe in every process
+    for (int64_t i = 0; i < n; ++i) {
+      x = x * 1664525u + 1013904223u;
+      a.data_ptr<float>()[i] = static_cast<float>(x >> 8) / 16777216.f - 0.5f;
+      x = x * 1664525u + 1013904223u;
+      b.data_ptr<float>()[i] = static_cast<float>(x >> 8) / 4194304.f;
+    }
+    bool fma = true, separate = true;
+    for (double w : {0.1, 0.001, 0.7}) {
+      const at::Tensor r = at::lerp(a, b, w);
+      for (int64_t i = 0; i < n; ++i) {
+        const float got = r.data_ptr<float>()[i], s = a.data_ptr<float>()[i], e = b.data_ptr<float>()[i];
+        fma = fma && got == lerp_as(LerpRounding::kFma, s, e, static_cast<float>(w));
+        separate = separate && got == lerp_as(LerpRounding::kSeparate, s, e, static_cast<float>(w));
+      }
+    }
+    AtenCpuRounding out;
+    out.lerp = fma ? LerpRounding::kFma : separate ? LerpRounding::kSeparate : LerpRounding::kUnknown;
+    b.fill_(std::numeric_limits<float>::quiet_NaN());
+    const at::Tensor left = at::maximum(a, b), right = at::maximum(b, a);
+    const uint32_t* l = reinterpret_cast<const uint32_t*>(left.data_ptr<float>());
+    const uint32_t* r = reinterpret_cast<const uint32_t*>(right.data_ptr<float>());
+    for (int64_t i = 0; i < n; ++i)
+      if (l[i] != l[0] || r[i] != l[0]) out.lerp = LerpRounding::kUnknown;
+    out.maximum_nan = l[0];
+    return out;
+  }();
+  return rounding;
+}
+
+// One moment's quantized storage, raw (CPU, contiguous).
+struct MomentRef {
+  StateFormat format = StateFormat::kFloat;
+  const float* map = nullptr;  // 8-/4-bit lookup table
+  int64_t levels = 0;
+  uint8_t* codes = nullptr;  // 8-bit: one per element; 4-bit: two per byte; fp8: e4m3fn bytes
+  float* scale = nullptr;    // one per block
+};
+
+// The per-parameter constants, each rounded to fp32 as the tensor-op path
+// rounds it (computed there with the same ATen ops).
+struct FusedAdam {
+  float lr = 0, lr_wd = 0, wd = 0;  // lr; AdamW: fp32(lr) * fp32(wd); Adam: fp32(wd)
+  float w1 = 0, w2 = 0;             // lerp weights 1 - beta1, 1 - beta2
+  float bias_correction1 = 1, bias_correction2_sqrt = 1, eps = 0;
+  float inv_scale = 1;
+  bool unscale = false, adamw = true, amsgrad = false;
+  LerpRounding lerp = LerpRounding::kFma;
+  float maximum_nan = 0;  // at::maximum's NaN
+  int64_t block_size = 0;
+};
+
+C10_ALWAYS_INLINE void quantize_moment_block(const float* x, int64_t n, const MomentRef& q, int64_t block) {
+  const int64_t block_bytes = q.format == StateFormat::kInt4 ? n / 2 : n;
+  quantize_block(x, n, q.format, q.map, q.levels, q.codes + block * block_bytes, q.scale + block);
+}
+
+// torchao's dequantize() of element i: map[code] * scale, or fp8 * scale.
+C10_ALWAYS_INLINE float dequantized(const MomentRef& q, int64_t i, float scale) {
+  if (q.format == StateFormat::kInt8) return rounded(q.map[q.codes[i]] * scale);
+  if (q.format == StateFormat::kInt4)
+    return rounded(q.map[i % 2 == 0 ? q.codes[i / 2] >> 4 : q.codes[i / 2] & 15] * scale);
+#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+  return rounded(static_cast<float>(c10::Float8_e4m3fn(q.codes[i], c10::Float8_e4m3fn::from_bits())) * scale);
+#else
+  return 0.f;  // no fp8 states without the dtype (LowBitAdam refuses them)
+#endif
+}
+
+C10_ALWAYS_INLINE float to_float(float v) { return v; }
+C10_ALWAYS_INLINE float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+
+// Blocks [b0, b1) of one parameter. P: float or c10::BFloat16 (parameter and
+// gradient). rand16: torchao's 16 random bits per element for bf16
+// stochastic rounding, or null. buffer: 3 * block_size floats.
+template <typename P>
+C10_ALWAYS_INLINE void adam_blocks(const FusedAdam& k, P* param, P* grad, const MomentRef& m, const MomentRef& v,
+                                   const MomentRef& vmax, const int32_t* rand16, int64_t b0, int64_t b1,
+                                   float* buffer) {
+  const int64_t bs = k.block_size;
+  float* m_new = buffer;
+  float* v_new = buffer + bs;
+  float* vmax_new = buffer + 2 * bs;
+  for (int64_t b = b0; b < b1; ++b) {
+    const float m_scale = m.scale[b], v_scale = v.scale[b], vmax_scale = k.amsgrad ? vmax.scale[b] : 0.f;
+    for (int64_t j = 0; j < bs; ++j) {
+      const int64_t i = b * bs + j;
+      float g = to_float(grad[i]);
+      if (k.unscale) {  // grad.mul_(inv_scale), in the gradient's dtype
+        grad[i] = static_cast<P>(rounded(g * k.inv_scale));
+        g = to_float(grad[i]);
+      }
+      float p = to_float(param[i]);
+      if (k.adamw) {
+        const float decay = rounded(p * k.lr_wd);
+        p = p - decay;
+      } else {
+        const float decay = rounded(p * k.wd);
+        g = decay + g;
+      }
+      const float mv = lerp_as(k.lerp, dequantized(m, i, m_scale), g, k.w1);
+      const float g2 = rounded(g * g);
+      const float vv = lerp_as(k.lerp, dequantized(v, i, v_scale), g2, k.w2);
+      float denom;
+      if (k.amsgrad) {
+        const float old = dequantized(vmax, i, vmax_scale);
+        const float mx = std::isnan(old) || std::isnan(vv) ? k.maximum_nan : (old > vv ? old : vv);  // at::maximum
+        vmax_new[j] = mx;
+        denom = std::sqrt(mx);
+      } else {
+        denom = std::sqrt(vv);
+      }
+      denom = denom / k.bias_correction2_sqrt;
+      denom = denom + k.eps;
+      float update = mv / k.bias_correction1;
+      update = rounded(update * k.lr);
+      update = update / denom;
+      p = p - update;
+      m_new[j] = mv;
+      v_new[j] = vv;
+      if (rand16 != nullptr) {  // torchao's _fp32_to_bf16_sr
+        uint32_t bits;
+        std::memcpy(&bits, &p, 4);
+        const uint32_t towards_zero = bits & 0xFFFF0000u;
+        const uint32_t rounded = static_cast<int32_t>(rand16[i]) < static_cast<int32_t>(bits & 0xFFFFu)
+                                     ? towards_zero + 0x10000u
+                                     : towards_zero;
+        float r;
+        std::memcpy(&r, &rounded, 4);
+        param[i] = static_cast<P>(r);
+      } else {
+        param[i] = static_cast<P>(p);
+      }
+    }
+    quantize_moment_block(m_new, bs, m, b);
+    quantize_moment_block(v_new, bs, v, b);
+    if (k.amsgrad) quantize_moment_block(vmax_new, bs, vmax, b);
+  }
+}
+
+template <typename P>
+void adam_blocks_portable(const FusedAdam& k, P* param, P* grad, const MomentRef& m, const MomentRef& v,
+                          const MomentRef& vmax, const int32_t* rand16, int64_t b0, int64_t b1, float* buffer) {
+  adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer);
+}
+
+#if AMP_DETAIL_LOWBIT_X86_CLONES
+// The same loop compiled for AVX2 with FMA: std::fma is one instruction and
+// the compiler may vectorize; every operation rounds as in the portable one.
+template <typename P>
+__attribute__((target("avx2,fma"))) void adam_blocks_avx2(const FusedAdam& k, P* param, P* grad, const MomentRef& m,
+                                                          const MomentRef& v, const MomentRef& vmax,
+                                                          const int32_t* rand16, int64_t b0, int64_t b1,
+                                                          float* buffer) {
+  adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer);
+}
+
+inline bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
+
+// The fused step over a whole parameter (numel a multiple of block_size).
+template <typename P>
+void fused_adam_step(const FusedAdam& k, P* param, P* grad, int64_t numel, const MomentRef& m, const MomentRef& v,
+                     const MomentRef& vmax, const int32_t* rand16) {
+  const int64_t blocks = numel / k.block_size;
+  at::parallel_for(0, blocks, /*grain_size=*/16, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buffer(static_cast<size_t>(3 * k.block_size));
+#if AMP_DETAIL_LOWBIT_X86_CLONES
+    if (cpu_has_avx2_fma()) return adam_blocks_avx2(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data());
+#endif
+    adam_blocks_portable(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data());
+  });
+}
+
+// A low-bit Adam's hyperparameters for one parameter (its param group's).
+struct AdamHyper {
+  double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0;
+  bool amsgrad = false, adamw = true, stochastic_round = false;
+  int64_t block_size = 0;
+};
+
+// One parameter's fused step (CPU, fp32 or bf16, contiguous; quantized
+// moments): LowBitAdam::step_param's result. The constants come from the same
+// ATen ops on 0-dim tensors, read from CPU memory (no dispatcher call, no
+// sync). `inv_scale`/`keep`: GradScaler's, or undefined.
+inline void fused_adam_param(const AdamHyper& h, const at::Tensor& p, at::Tensor& grad, at::Tensor& step_count,
+                             const MomentRef& m, const MomentRef& v, const MomentRef& vmax, const at::Tensor& inv_scale,
+                             const at::Tensor& keep) {
+  const bool bf16 = p.scalar_type() == at::kBFloat16;
+  // torchao draws the random bits whether or not the step is kept.
+  const at::Tensor rand16 =
+      h.stochastic_round && bf16 ? at::randint(0, 1 << 16, p.sizes(), p.options().dtype(at::kInt)) : at::Tensor();
+  FusedAdam k;
+  k.unscale = inv_scale.defined();
+  k.inv_scale = k.unscale ? *inv_scale.data_ptr<float>() : 1.f;
+  if (keep.defined() && *keep.data_ptr<bool>()) {  // a skipped step: the gradient is unscaled, nothing else changes
+    if (k.unscale) grad.mul_(inv_scale);
+    return;
+  }
+  const at::Tensor lr = at::scalar_tensor(h.lr, p.options().dtype(at::kFloat));
+  const at::Tensor lr_wd = lr * h.weight_decay;
+  const at::Tensor step = step_count + 1;
+  const at::Tensor bias_correction1 = at::rsub(at::pow(h.beta1, step), 1);
+  const at::Tensor bias_correction2_sqrt = at::rsub(at::pow(h.beta2, step), 1).sqrt();
+  k.lr = *lr.data_ptr<float>();
+  k.lr_wd = *lr_wd.data_ptr<float>();
+  k.wd = static_cast<float>(h.weight_decay);
+  k.w1 = static_cast<float>(1 - h.beta1);
+  k.w2 = static_cast<float>(1 - h.beta2);
+  k.bias_correction1 = *bias_correction1.data_ptr<float>();
+  k.bias_correction2_sqrt = *bias_correction2_sqrt.data_ptr<float>();
+  k.eps = static_cast<float>(h.eps);
+  k.adamw = h.adamw;
+  k.amsgrad = h.amsgrad;
+  const AtenCpuRounding& aten = aten_cpu_rounding();
+  k.lerp = aten.lerp;
+  std::memcpy(&k.maximum_nan, &aten.maximum_nan, sizeof(float));
+  k.block_size = h.block_size;
+  const int32_t* r = rand16.defined() ? rand16.data_ptr<int32_t>() : nullptr;
+  if (bf16) {
+    fused_adam_step(k, p.data_ptr<at::BFloat16>(), grad.data_ptr<at::BFloat16>(), p.numel(), m, v, vmax, r);
+  } else {
+    fused_adam_step(k, p.data_ptr<float>(), grad.data_ptr<float>(), p.numel(), m, v, vmax, r);
+  }
+  step_count.copy_(step);
+}
+
+}  // namespace lowbit
+}  // namespace detail
+}  // namespace amp

@@ -1,0 +1,224 @@
+// The low-bit Adams' fused CPU step (amp/optim/detail/lowbit_fused_step.h)
+// against their ATen-op path (LowBitOptions().fused(false), torchao's eager
+// code op for op): parameters, gradients, codes, scales and step counters
+// bitwise, for every format, Adam and AdamW, amsgrad, fp32 and bf16 (with and
+// without stochastic rounding), under a GradScaler's inverse scale and skip,
+// with edge values: zero blocks, the clip at 1e-12, subnormals, huge values,
+// inf and NaN gradients. Which path ran is checked by counting aten::lerp.
+#include <ATen/record_function.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <amp/amp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace low_bit_fused_step_test {  // a layer's test files share one TU (tests/BUILD.bazel)
+namespace {
+
+using amp::QuantizedState;
+using amp::StateFormat;
+
+// Bitwise, with every NaN equal to every NaN: a NaN's sign and payload are
+// not part of the contract (x86 picks one NaN operand by instruction form).
+// fp8 codes compare as their values.
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  at::Tensor x = a.reshape({-1}).contiguous(), y = b.reshape({-1}).contiguous();
+  if (x.is_floating_point()) {
+    if (x.element_size() == 1) {  // float8
+      x = x.to(at::kFloat);
+      y = y.to(at::kFloat);
+    }
+    const at::Tensor xn = x.isnan(), yn = y.isnan();
+    if (!torch::equal(xn, yn)) return false;
+    x = x.masked_fill(xn, 0);
+    y = y.masked_fill(yn, 0);
+  }
+  return torch::equal(x.view(at::kByte), y.view(at::kByte));
+}
+
+// Counts aten::lerp calls on this thread (the ATen-op path lerps each moment).
+struct LerpCalls {
+  static int64_t& count() {
+    static thread_local int64_t n = 0;
+    return n;
+  }
+  LerpCalls() {
+    count() = 0;
+    handle_ = at::addThreadLocalCallback(
+        at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+          if (std::string(fn.name()).rfind("aten::lerp", 0) == 0) ++count();
+          return nullptr;
+        }));
+  }
+  ~LerpCalls() { at::removeCallback(handle_); }
+  at::CallbackHandle handle_;
+};
+
+// Gradients with the edge values, on a parameter of `numel` elements with blocks of `bs`.
+at::Tensor edge_grad(int64_t numel, int64_t bs, int step, at::ScalarType dtype) {
+  at::Tensor g = torch::randn({numel}) * torch::rand({numel}).pow(4) * 2;
+  if (numel < 8 * bs) return g.to(dtype);    // the small tensor (plain states)
+  g.slice(0, 0, bs).zero_();                 // a zero block: scale clipped at 1e-12
+  g.slice(0, bs, 2 * bs).mul_(1e-13);        // below the clip
+  g.slice(0, 2 * bs, 3 * bs).fill_(1e-40f);  // subnormal
+  g.slice(0, 3 * bs, 4 * bs).mul_(1e30);     // huge: the squares overflow to inf
+  g[4 * bs + step] = -0.0;
+  if (step == 2) g.slice(0, 5 * bs, 6 * bs).fill_(0.5);  // one value per block: ties in the map
+  return g.to(dtype);
+}
+
+template <class Opt>
+std::vector<at::Tensor> all_state(const Opt& opt, const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : params) {
+    const auto& s = static_cast<const amp::LowBitAdamParamState&>(
+        *opt.state().at(amp::detail::compat::optim_state_key(p.unsafeGetTensorImpl())));
+    out.push_back(s.step());
+    for (const QuantizedState* q : {&s.exp_avg(), &s.exp_avg_sq(), &s.max_exp_avg_sq()}) {
+      if (!q->defined()) continue;
+      out.push_back(q->format() == StateFormat::kFloat ? q->values() : q->codes());
+      if (q->format() != StateFormat::kFloat) out.push_back(q->scale());
+    }
+  }
+  return out;
+}
+
+struct Case {
+  bool amsgrad = false;
+  at::ScalarType dtype = at::kFloat;
+  bool stochastic = false;
+  bool scaled = false;  // a GradScaler's inv scale, then a skipped step with inf/NaN gradients
+  std::string name() const {
+    return std::string(amsgrad ? "amsgrad " : "") + (dtype == at::kFloat ? "fp32" : "bf16") +
+           (stochastic ? " stochastic" : "") + (scaled ? " scaled" : "");
+  }
+};
+
+template <class Opt>
+void fused_equals_ops(const Case& c) {
+  using Options = typename Opt::Options;
+  const int64_t bs = Opt::kDefaultBlockSize;
+  const std::vector<int64_t> shapes[] = {{64, 8 * bs / 8}, {48, bs}, {100}};  // the last keeps plain states
+  std::vector<at::Tensor> fused_params, op_params;
+  torch::manual_seed(3);
+  for (const auto& shape : shapes) {
+    at::Tensor p = (torch::randn(shape) * 0.5).to(c.dtype);
+    fused_params.push_back(p.clone().requires_grad_());
+    op_params.push_back(p.clone().requires_grad_());
+  }
+  const Options options = Options(1e-2).weight_decay(0.1).amsgrad(c.amsgrad);
+  Opt fused(fused_params, options, amp::LowBitOptions().bf16_stochastic_round(c.stochastic));
+  Opt ops(op_params, options, amp::LowBitOptions().bf16_stochastic_round(c.stochastic).fused(false));
+  ASSERT_EQ(fused.step_path(), Opt::name() + "'s fused CPU step, one pass per block");
+  ASSERT_EQ(ops.step_path(), Opt::name() + "'s step_scaled(): ATen ops one at a time, not fused");
+  for (int step = 0; step < 4; ++step) {
+    const bool skip = c.scaled && step == 2;
+    for (size_t i = 0; i < fused_params.size(); ++i) {
+      at::Tensor g = edge_grad(fused_params[i].numel(), bs, step, c.dtype).view(fused_params[i].sizes());
+      if (skip) {
+        g.view({-1})[7] = std::numeric_limits<float>::infinity();
+        g.view({-1})[9] = std::numeric_limits<float>::quiet_NaN();
+      }
+      if (c.scaled) g = g * 1024;
+      fused_params[i].mutable_grad() = g.clone();
+      op_params[i].mutable_grad() = g.clone();
+    }
+    const at::Tensor scale = at::full({}, 1024.f), found_inf = at::full({}, skip ? 1.f : 0.f);
+    const uint64_t seed = 100 + step;
+    torch::manual_seed(seed);  // the same random bits for stochastic rounding
+    int64_t lerps_fused = 0, lerps_ops = 0;
+    {
+      LerpCalls calls;
+      if (c.scaled) {
+        fused.step_scaled(scale, found_inf);
+      } else {
+        fused.step();
+      }
+      lerps_fused = LerpCalls::count();
+    }
+    torch::manual_seed(seed);
+    {
+      LerpCalls calls;
+      if (c.scaled) {
+        ops.step_scaled(scale, found_inf);
+      } else {
+        ops.step();
+      }
+      lerps_ops = LerpCalls::count();
+    }
+    // The small tensor takes the ATen ops on both; the two large ones lerp only on the op path.
+    if (!skip) {
+      EXPECT_EQ(lerps_ops - lerps_fused, 2 * 2) << c.name();
+    }
+    for (size_t i = 0; i < fused_params.size(); ++i) {
+      EXPECT_TRUE(same_bits(fused_params[i], op_params[i])) << c.name() << " step " << step << " parameter " << i;
+      EXPECT_TRUE(same_bits(fused_params[i].grad(), op_params[i].grad()))
+          << c.name() << " step " << step << " gradient " << i;
+    }
+    const auto a = all_state(fused, fused_params), b = all_state(ops, op_params);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(same_bits(a[i], b[i])) << c.name() << " step " << step << " state " << i;
+  }
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (bool amsgrad : {false, true})
+    for (bool scaled : {false, true}) {
+      out.push_back(Case{amsgrad, at::kFloat, false, scaled});
+      out.push_back(Case{amsgrad, at::kBFloat16, false, scaled});
+      out.push_back(Case{amsgrad, at::kBFloat16, true, scaled});
+    }
+  return out;
+}
+
+TEST(LowBitFusedStep, AdamW8bitEqualsTheAtenOps) {
+  for (const Case& c : cases()) fused_equals_ops<amp::AdamW8bit>(c);
+}
+TEST(LowBitFusedStep, Adam8bitEqualsTheAtenOps) {
+  for (const Case& c : cases()) fused_equals_ops<amp::Adam8bit>(c);
+}
+TEST(LowBitFusedStep, AdamW4bitEqualsTheAtenOps) {
+  for (const Case& c : cases()) fused_equals_ops<amp::AdamW4bit>(c);
+}
+TEST(LowBitFusedStep, Adam4bitEqualsTheAtenOps) {
+  for (const Case& c : cases()) fused_equals_ops<amp::Adam4bit>(c);
+}
+#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+TEST(LowBitFusedStep, AdamWFp8EqualsTheAtenOps) {
+  for (const Case& c : cases()) fused_equals_ops<amp::AdamWFp8>(c);
+}
+TEST(LowBitFusedStep, AdamFp8EqualsTheAtenOps) {
+  for (const Case& c : cases()) fused_equals_ops<amp::AdamFp8>(c);
+}
+#endif
+
+// Blocks are written in parallel: the bits do not depend on the thread count.
+TEST(LowBitFusedStep, ThreadCountDoesNotChangeTheBits) {
+  const int threads = at::get_num_threads();
+  std::vector<at::Tensor> results;
+  for (int n : {1, 2, 3}) {
+    at::set_num_threads(n);
+    torch::manual_seed(9);
+    at::Tensor p = torch::randn({96, 1024}).requires_grad_();
+    amp::AdamW4bit opt({p}, torch::optim::AdamWOptions(1e-2));
+    for (int step = 0; step < 3; ++step) {
+      p.mutable_grad() = torch::randn({96, 1024});
+      opt.step();
+    }
+    results.push_back(p.detach().clone());
+  }
+  at::set_num_threads(threads);
+  EXPECT_TRUE(same_bits(results[0], results[1]));
+  EXPECT_TRUE(same_bits(results[0], results[2]));
+}
+
+}  // namespace
+}  // namespace low_bit_fused_step_test
