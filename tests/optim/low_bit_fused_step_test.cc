@@ -9,7 +9,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <amp/amp.h>
+#include <amp/optim/detail/lowbit_fused_step.h>
+#include <amp/optim/low_bit_adam.h>
 
 #include <cmath>
 #include <cstdint>
@@ -179,24 +180,64 @@ std::vector<Case> cases() {
   return out;
 }
 
-TEST(LowBitFusedStep, AdamW8bitEqualsTheAtenOps) {
-  for (const Case& c : cases()) fused_equals_ops<amp::AdamW8bit>(c);
+// Every case on the best vector ISA this CPU has; on each lower one (the
+// AVX2 and portable loops), the cases that touch every branch.
+template <class Opt>
+void on_every_isa() {
+  namespace lb = amp::detail::lowbit;
+  const int best = static_cast<int>(lb::cpu_isa());
+  for (int isa = best; isa >= 0; --isa) {
+    lb::isa_limit() = isa;
+    SCOPED_TRACE("vector ISA " + std::to_string(isa));
+    for (const Case& c : cases())
+      if (isa == best || (c.amsgrad && c.scaled && c.dtype == at::kFloat) || (c.stochastic && !c.amsgrad))
+        fused_equals_ops<Opt>(c);
+  }
+  lb::isa_limit() = static_cast<int>(lb::Isa::kAvx512);
 }
-TEST(LowBitFusedStep, Adam8bitEqualsTheAtenOps) {
-  for (const Case& c : cases()) fused_equals_ops<amp::Adam8bit>(c);
-}
-TEST(LowBitFusedStep, AdamW4bitEqualsTheAtenOps) {
-  for (const Case& c : cases()) fused_equals_ops<amp::AdamW4bit>(c);
-}
-TEST(LowBitFusedStep, Adam4bitEqualsTheAtenOps) {
-  for (const Case& c : cases()) fused_equals_ops<amp::Adam4bit>(c);
-}
+
+TEST(LowBitFusedStep, AdamW8bitEqualsTheAtenOps) { on_every_isa<amp::AdamW8bit>(); }
+TEST(LowBitFusedStep, Adam8bitEqualsTheAtenOps) { on_every_isa<amp::Adam8bit>(); }
+TEST(LowBitFusedStep, AdamW4bitEqualsTheAtenOps) { on_every_isa<amp::AdamW4bit>(); }
+TEST(LowBitFusedStep, Adam4bitEqualsTheAtenOps) { on_every_isa<amp::Adam4bit>(); }
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
-TEST(LowBitFusedStep, AdamWFp8EqualsTheAtenOps) {
-  for (const Case& c : cases()) fused_equals_ops<amp::AdamWFp8>(c);
-}
-TEST(LowBitFusedStep, AdamFp8EqualsTheAtenOps) {
-  for (const Case& c : cases()) fused_equals_ops<amp::AdamFp8>(c);
+TEST(LowBitFusedStep, AdamWFp8EqualsTheAtenOps) { on_every_isa<amp::AdamWFp8>(); }
+TEST(LowBitFusedStep, AdamFp8EqualsTheAtenOps) { on_every_isa<amp::AdamFp8>(); }
+#endif
+
+#if AMP_DETAIL_LOWBIT_X86_CLONES
+// The vector searches against the scalar one on every map entry, every
+// midpoint between neighbours (a tie rounds up), just below and above them,
+// zeros, the ends and NaN.
+TEST(LowBitFusedStep, VectorSearchesFindTorchaosCodes) {
+  namespace lb = amp::detail::lowbit;
+  for (StateFormat f : {StateFormat::kInt8, StateFormat::kInt4})
+    for (bool is_signed : {true, false}) {
+      const at::Tensor map = lb::qmap(f, is_signed, at::kCPU);
+      const float* m = map.data_ptr<float>();
+      const int64_t levels = map.numel();
+      std::vector<float> x;
+      for (int64_t i = 0; i < levels; ++i) {
+        x.push_back(m[i]);
+        x.push_back(std::nextafter(m[i], -2.f));
+        x.push_back(std::nextafter(m[i], 2.f));
+        if (i + 1 < levels) x.push_back((m[i] + m[i + 1]) * 0.5f);
+      }
+      for (float e : {0.f, -0.f, -1.f, 1.f, 2.f, -2.f, std::numeric_limits<float>::quiet_NaN()}) x.push_back(e);
+      while (x.size() % 16 != 0) x.push_back(0.25f);
+      std::vector<int32_t> codes(x.size());
+      const int best = static_cast<int>(lb::cpu_isa());
+      for (int isa = 1; isa <= best; ++isa) {
+        if (isa == 2) {
+          lb::nearest_codes_avx512(x.data(), static_cast<int64_t>(x.size()), 1.f, m, levels, codes.data());
+        } else {
+          lb::nearest_codes_avx2(x.data(), static_cast<int64_t>(x.size()), 1.f, m, levels, codes.data());
+        }
+        for (size_t i = 0; i < x.size(); ++i)
+          ASSERT_EQ(codes[i], lb::nearest_code(x[i] / 1.f, m, levels))
+              << amp::state_format_name(f) << (is_signed ? " signed" : " unsigned") << " ISA " << isa << " x=" << x[i];
+      }
+    }
 }
 #endif
 

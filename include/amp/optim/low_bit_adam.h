@@ -363,6 +363,7 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
     if (q.qmap().defined()) {
       r.map = q.qmap().data_ptr<float>();
       r.levels = q.qmap().numel();
+      r.ascending = detail::lowbit::strictly_ascending(r.map, r.levels);
     }
     r.codes = static_cast<uint8_t*>(q.codes().data_ptr());
     r.scale = q.scale().data_ptr<float>();

@@ -19,7 +19,12 @@
 #include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
 
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -119,7 +124,14 @@ struct MomentRef {
   int64_t levels = 0;
   uint8_t* codes = nullptr;  // 8-bit: one per element; 4-bit: two per byte; fp8: e4m3fn bytes
   float* scale = nullptr;    // one per block
+  bool ascending = false;    // map strictly ascending: the vector searches apply
 };
+
+inline bool strictly_ascending(const float* m, int64_t n) {
+  for (int64_t i = 1; i < n; ++i)
+    if (!(m[i - 1] < m[i])) return false;
+  return true;
+}
 
 // The per-parameter constants, each rounded to fp32 as the tensor-op path
 // rounds it (computed there with the same ATen ops).
@@ -156,11 +168,12 @@ C10_ALWAYS_INLINE float to_float(c10::BFloat16 v) { return static_cast<float>(v)
 
 // Blocks [b0, b1) of one parameter. P: float or c10::BFloat16 (parameter and
 // gradient). rand16: torchao's 16 random bits per element for bf16
-// stochastic rounding, or null. buffer: 3 * block_size floats.
-template <typename P>
+// stochastic rounding, or null. buffer: 3 * block_size floats. quantize: a
+// block's values to its scale and codes (quantize_moment_block or a vector twin).
+template <typename P, typename Quantize>
 C10_ALWAYS_INLINE void adam_blocks(const FusedAdam& k, P* param, P* grad, const MomentRef& m, const MomentRef& v,
-                                   const MomentRef& vmax, const int32_t* rand16, int64_t b0, int64_t b1,
-                                   float* buffer) {
+                                   const MomentRef& vmax, const int32_t* rand16, int64_t b0, int64_t b1, float* buffer,
+                                   Quantize quantize) {
   const int64_t bs = k.block_size;
   float* m_new = buffer;
   float* v_new = buffer + bs;
@@ -216,19 +229,139 @@ C10_ALWAYS_INLINE void adam_blocks(const FusedAdam& k, P* param, P* grad, const 
         param[i] = static_cast<P>(p);
       }
     }
-    quantize_moment_block(m_new, bs, m, b);
-    quantize_moment_block(v_new, bs, v, b);
-    if (k.amsgrad) quantize_moment_block(vmax_new, bs, vmax, b);
+    quantize(m_new, bs, m, b);
+    quantize(v_new, bs, v, b);
+    if (k.amsgrad) quantize(vmax_new, bs, vmax, b);
   }
 }
+
+struct QuantizePortable {
+  void operator()(const float* x, int64_t n, const MomentRef& q, int64_t block) const {
+    quantize_moment_block(x, n, q, block);
+  }
+};
 
 template <typename P>
 void adam_blocks_portable(const FusedAdam& k, P* param, P* grad, const MomentRef& m, const MomentRef& v,
                           const MomentRef& vmax, const int32_t* rand16, int64_t b0, int64_t b1, float* buffer) {
-  adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer);
+  adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer, QuantizePortable{});
 }
 
 #if AMP_DETAIL_LOWBIT_X86_CLONES
+// nearest_code for 8 values at a time: the same comparisons, the probes
+// gathered. n is a multiple of 8; codes as int32.
+__attribute__((target("avx2,fma"))) inline void nearest_codes_avx2(const float* x, int64_t n, float scale,
+                                                                   const float* m, int64_t levels, int32_t* codes) {
+  const __m256 divisor = _mm256_set1_ps(scale), half = _mm256_set1_ps(0.5f);
+  const __m256i last = _mm256_set1_epi32(static_cast<int32_t>(levels - 1)), one = _mm256_set1_epi32(1);
+  const __m256 middle = _mm256_set1_ps(m[levels / 2]);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), divisor);
+    __m256i code = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(v, middle, _CMP_GE_OQ)),
+                                    _mm256_set1_epi32(static_cast<int32_t>(levels / 2)));
+    for (int64_t step = levels / 4; step >= 1; step /= 2) {
+      const __m256i stride = _mm256_set1_epi32(static_cast<int32_t>(step));
+      const __m256 probe = _mm256_i32gather_ps(m, _mm256_add_epi32(code, stride), 4);
+      code = _mm256_add_epi32(code, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(v, probe, _CMP_GE_OQ)), stride));
+    }
+    const __m256i up = _mm256_min_epi32(_mm256_add_epi32(code, one), last);
+    const __m256 down_v = _mm256_i32gather_ps(m, code, 4), up_v = _mm256_i32gather_ps(m, up, 4);
+    const __m256 residual = _mm256_sub_ps(v, down_v);
+    const __m256 half_gap = _mm256_mul_ps(_mm256_sub_ps(up_v, down_v), half);
+    const __m256i take_up = _mm256_castps_si256(_mm256_cmp_ps(residual, half_gap, _CMP_GE_OQ));
+    code = _mm256_add_epi32(code, _mm256_and_si256(_mm256_sub_epi32(up, code), take_up));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), code);
+  }
+}
+
+// nearest_code for 16 values at a time without gathers (8-bit: 256 entries,
+// 4-bit: 16; the map strictly ascending, as create_dynamic_map and
+// linspace make it). The binary search's result is the count of entries
+// m[1..] <= v; it is counted over the map as a 16 x 16 matrix, the row by its
+// first entries, the column by the row's entries permuted into each lane.
+__attribute__((target("avx512f,avx2,fma"))) inline void nearest_codes_avx512(const float* x, int64_t n, float scale,
+                                                                             const float* m, int64_t levels,
+                                                                             int32_t* codes) {
+  const int64_t rows = levels / 16;  // 16 or 1
+  alignas(64) float column[17][16];  // column[j][h] = m[16 h + j]; column[16][h] = m[min(16 (h + 1), levels - 1)]
+  for (int64_t h = 0; h < 16; ++h) {
+    for (int64_t j = 0; j < 16; ++j) column[j][h] = h < rows ? m[16 * h + j] : 0.f;
+    column[16][h] = h < rows ? m[std::min<int64_t>(16 * (h + 1), levels - 1)] : 0.f;
+  }
+  const __m512 divisor = _mm512_set1_ps(scale), half = _mm512_set1_ps(0.5f);
+  const __m512i one = _mm512_set1_epi32(1), sixteen = _mm512_set1_epi32(16);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 v = _mm512_div_ps(_mm512_loadu_ps(x + i), divisor);
+    __m512i row = _mm512_setzero_si512();
+    for (int64_t h = 1; h < rows; ++h)
+      row = _mm512_mask_add_epi32(row, _mm512_cmp_ps_mask(v, _mm512_set1_ps(m[16 * h]), _CMP_GE_OQ), row, one);
+    __m512i code = _mm512_mullo_epi32(row, sixteen);
+    __m512 down = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(column[0]));
+    __m512 up = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(column[16]));
+    for (int64_t j = 15; j >= 1; --j) {
+      const __m512 entry = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(column[j]));
+      const __mmask16 ge = _mm512_cmp_ps_mask(v, entry, _CMP_GE_OQ);
+      code = _mm512_mask_add_epi32(code, ge, code, one);
+      up = _mm512_mask_blend_ps(ge, entry, up);  // the smallest entry > v
+    }
+    for (int64_t j = 1; j < 16; ++j) {
+      const __m512 entry = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(column[j]));
+      down = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, entry, _CMP_GE_OQ), down, entry);  // the largest <= v
+    }
+    const __m512 residual = _mm512_sub_ps(v, down);
+    const __m512 half_gap = _mm512_mul_ps(_mm512_sub_ps(up, down), half);
+    const __mmask16 take_up =
+        _mm512_cmp_ps_mask(residual, half_gap, _CMP_GE_OQ) &
+        _mm512_cmp_epi32_mask(code, _mm512_set1_epi32(static_cast<int32_t>(levels - 1)), _MM_CMPINT_LT);
+    code = _mm512_mask_add_epi32(code, take_up, code, one);
+    _mm512_storeu_si512(codes + i, code);
+  }
+}
+
+// quantize_block with the search above (8-/4-bit; fp8 as quantize_block).
+template <bool Avx512>
+C10_ALWAYS_INLINE void quantize_moment_block_vector(const float* x, int64_t n, const MomentRef& q, int64_t block,
+                                                    int32_t* scratch) {
+  if (q.format == StateFormat::kFp8 || n % 16 != 0 || !q.ascending) return quantize_moment_block(x, n, q, block);
+  float amax = 0.f;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    nan = nan || std::isnan(a);
+    amax = a > amax ? a : amax;
+  }
+  const float clipped = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, static_cast<float>(1e-12));
+  q.scale[block] = clipped;
+  if (Avx512) {
+    nearest_codes_avx512(x, n, clipped, q.map, q.levels, scratch);
+  } else {
+    nearest_codes_avx2(x, n, clipped, q.map, q.levels, scratch);
+  }
+  if (q.format == StateFormat::kInt8) {
+    uint8_t* c = q.codes + block * n;
+    for (int64_t i = 0; i < n; ++i) c[i] = static_cast<uint8_t>(scratch[i]);
+  } else {
+    uint8_t* c = q.codes + block * n / 2;
+    for (int64_t i = 0; i < n; i += 2) c[i / 2] = static_cast<uint8_t>((scratch[i] << 4) | scratch[i + 1]);
+  }
+}
+
+struct QuantizeAvx2 {
+  int32_t* scratch;  // block_size codes
+  __attribute__((target("avx2,fma"))) void operator()(const float* x, int64_t n, const MomentRef& q,
+                                                      int64_t block) const {
+    quantize_moment_block_vector<false>(x, n, q, block, scratch);
+  }
+};
+
+struct QuantizeAvx512 {
+  int32_t* scratch;
+  __attribute__((target("avx512f,avx2,fma"))) void operator()(const float* x, int64_t n, const MomentRef& q,
+                                                              int64_t block) const {
+    quantize_moment_block_vector<true>(x, n, q, block, scratch);
+  }
+};
+
 // The same loop compiled for AVX2 with FMA: std::fma is one instruction and
 // the compiler may vectorize; every operation rounds as in the portable one.
 template <typename P>
@@ -236,24 +369,54 @@ __attribute__((target("avx2,fma"))) void adam_blocks_avx2(const FusedAdam& k, P*
                                                           const MomentRef& v, const MomentRef& vmax,
                                                           const int32_t* rand16, int64_t b0, int64_t b1,
                                                           float* buffer) {
-  adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer);
+  adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer,
+              QuantizeAvx2{reinterpret_cast<int32_t*>(buffer + 3 * k.block_size)});
 }
 
-inline bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
+// The same loop again with the AVX-512 search.
+template <typename P>
+__attribute__((target("avx512f,avx2,fma"))) void adam_blocks_avx512(const FusedAdam& k, P* param, P* grad,
+                                                                    const MomentRef& m, const MomentRef& v,
+                                                                    const MomentRef& vmax, const int32_t* rand16,
+                                                                    int64_t b0, int64_t b1, float* buffer) {
+  adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer,
+              QuantizeAvx512{reinterpret_cast<int32_t*>(buffer + 3 * k.block_size)});
 }
+
+#endif  // AMP_DETAIL_LOWBIT_X86_CLONES
+
+// The vector ISA the fused step uses: the best this CPU has, at most
+// isa_limit() (tests lower it to check every loop on one machine). The bits
+// are the same on every ISA.
+enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
+inline std::atomic<int>& isa_limit() {
+  static std::atomic<int> limit{static_cast<int>(Isa::kAvx512)};
+  return limit;
+}
+
+inline Isa cpu_isa() {
+#if AMP_DETAIL_LOWBIT_X86_CLONES
+  static const Isa best = !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? Isa::kPortable
+                          : __builtin_cpu_supports("avx512f")                                ? Isa::kAvx512
+                                                                                             : Isa::kAvx2;
+#else
+  static const Isa best = Isa::kPortable;
 #endif
+  return static_cast<Isa>(std::min(static_cast<int>(best), isa_limit().load()));
+}
 
 // The fused step over a whole parameter (numel a multiple of block_size).
 template <typename P>
 void fused_adam_step(const FusedAdam& k, P* param, P* grad, int64_t numel, const MomentRef& m, const MomentRef& v,
                      const MomentRef& vmax, const int32_t* rand16) {
   const int64_t blocks = numel / k.block_size;
+  const Isa isa = cpu_isa();
   at::parallel_for(0, blocks, /*grain_size=*/16, [&](int64_t b0, int64_t b1) {
-    std::vector<float> buffer(static_cast<size_t>(3 * k.block_size));
+    std::vector<float> buffer(static_cast<size_t>(4 * k.block_size));  // three moments' values, the codes
 #if AMP_DETAIL_LOWBIT_X86_CLONES
-    if (cpu_has_avx2_fma()) return adam_blocks_avx2(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data());
+    if (isa == Isa::kAvx512) return adam_blocks_avx512(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data());
+    if (isa == Isa::kAvx2) return adam_blocks_avx2(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data());
 #endif
     adam_blocks_portable(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data());
   });
