@@ -10,23 +10,23 @@
 //   amp::save_on_rank0(pg, trainer, "ckpt.pt");            // rank 0 writes; every rank: trainer.load("ckpt.pt")
 //
 // DataParallel is the Stepper's GradientSync (amp/train/stepper.h): a hook on every
-// parameter puts its gradient into a size-capped bucket (25 MiB, like
-// torch's DDP) as backward produces it; a full bucket's all-reduce starts at
-// once (buckets in a fixed order, the same on every rank), overlapping the
-// rest of backward; finish_backward() waits for them and writes the averages
-// into .grad. The average is computed as torch DDP's reducer computes it
-// (reducer.cpp, no comm hook): each gradient is multiplied by 1/world_size
+// parameter that requires grad puts its gradient into its bucket as backward
+// produces it; a full bucket's all-reduce starts at once (buckets in a fixed
+// order, the same on every rank), overlapping the rest of backward;
+// finish_backward() waits for them and writes the averages into .grad. The
+// average is computed as torch DDP's reducer computes it (reducer.cpp, no
+// comm hook): each gradient is multiplied by 1/world_size
 // as it enters the bucket (at::mul_out with the double 1.0 / N as a wrapped
 // scalar), the all-reduce sums, and nothing is divided after (summing and
 // then dividing differs in the last bit for N = 3; for a power-of-two N the
 // two agree but for subnormal or overflowing values). Gloo's sum of an
-// element depends on its offset in the bucket, so the bits are DDP's where
-// the buckets hold the same parameters in the same order: amp's hold them in
-// reverse parameter order from the first step; DDP's first step uses
-// parameter order and later ones the order the gradients arrived in
-// (tests/parity/ddp_twin.py gives both sides the same layout and compares
-// the bits at 2, 3 and 4 processes). Micro-batches that do not end an
-// accumulation cycle communicate nothing (DDP's no_sync).
+// element depends on its offset in the bucket, so the buckets are laid out
+// as DDP's reducer lays them out (detail/data_parallel_impl.h): the first
+// boundary one bucket per dtype in parameter order; after it, rebuilt in the
+// order rank 0's gradients arrived in then, cut at 1 MiB and then at
+// bucket_cap_mb (tests/parity/ddp_twin.py compares layouts and bits at 2, 3
+// and 4 processes). Micro-batches that do not end an accumulation cycle
+// communicate nothing (DDP's no_sync).
 // Gradients are averaged while scaled, so every rank unscales the same
 // values, makes the same skip decision and keeps the same loss scale (an inf
 // on one rank reaches all through the sum). Optionally the buckets travel as
@@ -63,13 +63,17 @@
 #include "amp/distributed/sharded_optimizer.h"
 #include "amp/train/history.h"
 #include "amp/train/stepper.h"
+#include "amp/version.h"
 
 namespace amp {
 
 enum class GradCompression { kNone, kFp16, kBf16 };
 
 struct DataParallelOptions {
-  // Bucket size cap in MiB (torch DDP's bucket_cap_mb); a larger parameter gets a bucket of its own.
+  // Bucket size cap in MiB (DDP's bucket_cap_mb), from the second boundary
+  // on; a bucket closes at the parameter that reaches it. The first bucket
+  // closes at 1 MiB, or (LibTorch 2.6+, as DDP given bucket_cap_mb) at this
+  // cap where it is not 25.
   TORCH_ARG(double, bucket_cap_mb) = 25.0;
   // The dtype buckets travel in: kNone (the gradients' own), kFp16 or kBf16.
   TORCH_ARG(GradCompression, compression) = GradCompression::kNone;
@@ -79,20 +83,6 @@ struct DataParallelOptions {
   // false: all after backward (for measuring what the overlap buys).
   TORCH_ARG(bool, overlap) = true;
 };
-
-namespace detail {
-
-// One flat all-reduce buffer for a run of same-dtype parameters.
-struct Bucket {
-  at::Tensor flat;               // the gradients, side by side
-  at::Tensor comm;               // what is all-reduced (flat, or its fp16/bf16 copy)
-  std::vector<size_t> params;    // indices into DataParallel's parameters
-  std::vector<int64_t> offsets;  // each parameter's offset in flat
-  std::vector<bool> ready;       // per parameter: its gradient is in flat
-  size_t pending = 0;            // parameters not ready yet
-  c10::intrusive_ptr<c10d::Work> work;
-};
-}  // namespace detail
 
 class DataParallel : public GradientSync {
  public:
@@ -156,7 +146,10 @@ class DataParallel : public GradientSync {
     // current gradient, or zeros, so every rank all-reduces every bucket.
     for (auto& b : buckets_)
       for (size_t k = 0; k < b.params.size(); ++k)
-        if (!b.ready[k]) fill(b, k, at::Tensor());
+        if (!b.ready[k]) {
+          if (!rebuilt_) arrival_.push_back(b.params[k]);
+          fill(b, k, at::Tensor());
+        }
     launch_ready();
     at::NoGradGuard no_grad;
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
@@ -178,6 +171,7 @@ class DataParallel : public GradientSync {
         }
       }
     }
+    if (!rebuilt_) rebuild();
   }
 
   // Float8 delayed scaling's amaxes of the step: their largest over the ranks
@@ -205,7 +199,10 @@ class DataParallel : public GradientSync {
   // All-reduces issued so far (one per bucket per optimizer step), and the bucket count.
   int64_t allreduces() const { return allreduces_.load(); }
   int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }
-  // Parameter indices per bucket (in launch order).
+  // Parameter indices per bucket, in launch order, of the next boundary:
+  // DDP's first layout until the first boundary's finish_backward(), then
+  // the rebuilt one (both: detail/data_parallel_impl.h). Frozen parameters
+  // (requires_grad false at construction) are in none; their .grad is untouched.
   std::vector<std::vector<size_t>> bucket_layout() const {
     std::vector<std::vector<size_t>> out;
     for (const auto& b : buckets_) out.push_back(b.params);
@@ -269,25 +266,22 @@ class DataParallel : public GradientSync {
     detail::broadcast_from_rank0(pg_, params_, "DataParallel parameter broadcast");
     if (!bufs.empty()) detail::broadcast_from_rank0(pg_, bufs, "DataParallel buffer broadcast");
     hooks_.assign(params_.size(), kNoHook);
-    for (auto& ids : detail::assign_buckets(params_, options_.bucket_cap_mb() * 1024.0 * 1024.0)) {
-      detail::Bucket b;
-      int64_t numel = 0;
-      for (size_t j : ids) {
-        b.offsets.push_back(numel);
-        numel += params_[j].numel();
-      }
-      b.flat = at::zeros({numel}, params_[ids.front()].options().requires_grad(false));
-      b.params = std::move(ids);
-      b.ready.assign(b.params.size(), false);
-      b.pending = b.params.size();
-      buckets_.push_back(std::move(b));
-    }
-    for (size_t bi = 0; bi < buckets_.size(); ++bi)
-      for (size_t k = 0; k < buckets_[bi].params.size(); ++k) {
-        const size_t j = buckets_[bi].params[k];
-        if (params_[j].requires_grad())
-          hooks_[j] = params_[j].register_hook([this, bi, k](const at::Tensor& grad) { on_grad(bi, k, grad); });
-      }
+    buckets_ = detail::make_buckets(params_, detail::initial_buckets(params_), where_);
+    for (size_t j = 0; j < params_.size(); ++j)
+      if (where_[j].first != detail::kNowhere)
+        hooks_[j] = params_[j].register_hook([this, j](const at::Tensor& grad) { on_grad(j, grad); });
+  }
+
+  // After the first boundary (DDP: before the second forward): the layout
+  // from rank 0's gradient order, the same on every rank.
+  void rebuild() {
+    rebuilt_ = true;
+    const auto cap = static_cast<size_t>(options_.bucket_cap_mb() * 1024.0 * 1024.0);
+    // dist._DEFAULT_FIRST_BUCKET_BYTES; 2.6+ (not 1.13): the cap where bucket_cap_mb is given.
+    const size_t first = (libtorch_at_least(2, 6) && options_.bucket_cap_mb() != 25.0) ? cap : size_t{1} << 20;
+    const auto mine = detail::rebuilt_buckets(params_, arrival_, first, cap);
+    buckets_ = detail::make_buckets(params_, detail::sync_buckets(pg_, mine, arrival_.size()), where_);
+    arrival_.clear();
   }
 
   at::Tensor slot(detail::Bucket& b, size_t k) {
@@ -325,14 +319,15 @@ class DataParallel : public GradientSync {
     --b.pending;
   }
 
-  void on_grad(size_t bucket, size_t k, const at::Tensor& grad) {
+  void on_grad(size_t j, const at::Tensor& grad) {
     if (!active_) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& b = buckets_[bucket];
-    TORCH_CHECK(!b.ready[k], "amp: DataParallel: parameter ", name(b.params[k]),
+    auto& b = buckets_[where_[j].first];
+    const size_t k = where_[j].second;
+    TORCH_CHECK(!b.ready[k], "amp: DataParallel: parameter ", name(j),
                 " received two gradients in one backward; call backward once per micro-batch");
-    TORCH_CHECK(!grad.is_sparse(), "amp: DataParallel: sparse gradients are not supported (parameter ",
-                name(b.params[k]), ")");
+    TORCH_CHECK(!grad.is_sparse(), "amp: DataParallel: sparse gradients are not supported (parameter ", name(j), ")");
+    if (!rebuilt_) arrival_.push_back(j);  // DDP's push_rebuilt_params
     fill(b, k, grad);
     if (options_.overlap()) launch_ready();
   }
@@ -367,6 +362,9 @@ class DataParallel : public GradientSync {
   std::vector<std::string> names_;
   std::vector<unsigned> hooks_;
   std::vector<detail::Bucket> buckets_;
+  std::vector<std::pair<size_t, size_t>> where_;  // per parameter: bucket, place (detail::make_buckets)
+  std::vector<size_t> arrival_;                   // the first boundary's gradient order
+  bool rebuilt_ = false;
   std::function<void()> uninstall_;
   std::mutex mutex_;
   size_t next_ = 0;

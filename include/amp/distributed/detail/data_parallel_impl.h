@@ -1,16 +1,22 @@
 // amp/distributed/detail/data_parallel_impl.h: DataParallel's construction helpers
 // (amp/distributed.h): the cross-rank shape check, rank 0's broadcast, and
-// the bucket assignment.
+// the gradient buckets, laid out as torch's DDP lays them out.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <c10/util/hash.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "amp/distributed/process_group.h"
@@ -97,25 +103,136 @@ inline void broadcast_from_rank0(const ProcessGroup& pg, const std::vector<at::T
   }
 }
 
-// Parameters in reverse order (about the order backward produces their
-// gradients, as torch's DDP assumes), cut into same-dtype buckets of at most
-// cap_bytes (a larger parameter gets a bucket of its own).
-inline std::vector<std::vector<size_t>> assign_buckets(const std::vector<at::Tensor>& params, double cap_bytes) {
-  std::vector<std::vector<size_t>> buckets;
-  double bytes = 0;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  for (size_t j = params.size(); j-- > 0;) {
-    const auto& p = params[j];
-    const double size = static_cast<double>(p.numel()) * static_cast<double>(p.element_size());
-    if (buckets.empty() || p.scalar_type() != dtype || bytes + size > cap_bytes) {
-      buckets.emplace_back();
-      bytes = 0;
-      dtype = p.scalar_type();
+// One flat all-reduce buffer for a run of same-dtype parameters.
+struct Bucket {
+  at::Tensor flat;               // the gradients, side by side
+  at::Tensor comm;               // what is all-reduced (flat, or its fp16/bf16 copy)
+  std::vector<size_t> params;    // indices into DataParallel's parameters
+  std::vector<int64_t> offsets;  // each parameter's offset in flat
+  std::vector<bool> ready;       // per parameter: its gradient is in flat
+  size_t pending = 0;            // parameters not ready yet
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+// Gradient buckets as torch's DDP lays them out (find_unused_parameters=False,
+// static_graph=False; torch/csrc/distributed/c10d/reducer.cpp and
+// torch/nn/parallel/distributed.py; 1.13, 2.6 and main alike unless noted).
+struct BucketKey {  // reducer.cpp's: one open bucket per dtype and device
+  c10::ScalarType type;
+  c10::Device device;
+  static size_t hash(const BucketKey& k) { return c10::get_hash(k.type, k.device); }
+  bool operator==(const BucketKey& o) const { return type == o.type && device == o.device; }
+};
+
+// compute_bucket_assignment_by_size: the parameters in `order` join the open
+// bucket of their dtype, which closes once its bytes reach its limit
+// (limits[0] for a dtype's first bucket, then the next, the last repeating).
+// Closed buckets in closing order, then the open ones in the order of the
+// same std::unordered_map with the same hash; sort_by_min: sorted by their
+// smallest index, as for the construction-time layout.
+inline std::vector<std::vector<size_t>> assign_buckets(const std::vector<at::Tensor>& params,
+                                                       const std::vector<size_t>& order,
+                                                       const std::vector<size_t>& limits, bool sort_by_min) {
+  struct Open {
+    std::vector<size_t> indices;
+    size_t size = 0;
+  };
+  std::vector<std::vector<size_t>> out;
+  std::unordered_map<BucketKey, size_t, c10::hash<BucketKey>> limit_of;  // index into limits
+  std::unordered_map<BucketKey, Open, c10::hash<BucketKey>> open;
+  for (size_t j : order) {
+    const at::Tensor& p = params[j];
+    const BucketKey key{p.scalar_type(), p.device()};
+    Open& b = open[key];
+    b.indices.push_back(j);
+    b.size += static_cast<size_t>(p.numel()) * static_cast<size_t>(p.element_size());
+    size_t& li = limit_of.emplace(key, 0).first->second;
+    if (b.size >= limits[li]) {
+      out.push_back(std::move(b.indices));
+      b = Open();
+      li = std::min(li + 1, limits.size() - 1);
     }
-    buckets.back().push_back(j);
-    bytes += size;
   }
-  return buckets;
+  for (auto& kv : open)
+    if (!kv.second.indices.empty()) out.push_back(std::move(kv.second.indices));
+  if (sort_by_min)
+    std::sort(out.begin(), out.end(), [](const std::vector<size_t>& a, const std::vector<size_t>& b) {
+      return *std::min_element(a.begin(), a.end()) < *std::min_element(b.begin(), b.end());
+    });
+  return out;
+}
+
+// The first iteration's layout (distributed.py's _ddp_init_helper): the
+// parameters that require grad, one bucket per dtype (limit sys.maxsize),
+// in parameter order; the list reversed (the last parameters' bucket first).
+inline std::vector<std::vector<size_t>> initial_buckets(const std::vector<at::Tensor>& params) {
+  std::vector<size_t> order;
+  for (size_t j = 0; j < params.size(); ++j)
+    if (params[j].requires_grad()) order.push_back(j);
+  auto out = assign_buckets(params, order, {std::numeric_limits<size_t>::max()}, true);
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+// The layout from the second iteration on (Reducer::rebuild_buckets):
+// `arrival`, the order of the first synchronized backward's gradients, cut
+// at first_cap bytes (each dtype's first bucket), then at cap; not sorted.
+// DDP_SET_LAST_BUCKET_CAP=1 makes the small bucket the last one, as there.
+inline std::vector<std::vector<size_t>> rebuilt_buckets(const std::vector<at::Tensor>& params,
+                                                        std::vector<size_t> arrival, size_t first_cap, size_t cap) {
+  const char* env = std::getenv("DDP_SET_LAST_BUCKET_CAP");
+  const bool small_last = env != nullptr && std::string(env) == "1";
+  if (small_last) std::reverse(arrival.begin(), arrival.end());
+  auto out = assign_buckets(params, arrival, {first_cap, cap}, false);
+  if (small_last) std::reverse(out.begin(), out.end());
+  return out;
+}
+
+// Rank 0's layout on every rank (DDP's sync_bucket_indices); n: the number
+// of parameters in it (the same on every rank). One broadcast of
+// [bucket count, the indices, each bucket's size].
+inline std::vector<std::vector<size_t>> sync_buckets(const ProcessGroup& pg,
+                                                     const std::vector<std::vector<size_t>>& mine, size_t n) {
+  at::Tensor t = at::zeros({static_cast<int64_t>(2 * n + 1)}, at::kLong);
+  int64_t* d = t.data_ptr<int64_t>();
+  size_t pos = 1;
+  d[0] = static_cast<int64_t>(mine.size());
+  for (size_t b = 0; b < mine.size(); ++b) {
+    for (size_t j : mine[b]) d[pos++] = static_cast<int64_t>(j);
+    d[1 + n + b] = static_cast<int64_t>(mine[b].size());
+  }
+  pg.broadcast(t, 0, "DataParallel bucket rebuild");
+  d = t.data_ptr<int64_t>();
+  std::vector<std::vector<size_t>> out(static_cast<size_t>(d[0]));
+  pos = 1;
+  for (size_t b = 0; b < out.size(); ++b)
+    for (int64_t k = 0; k < d[1 + n + b]; ++k) out[b].push_back(static_cast<size_t>(d[pos++]));
+  return out;
+}
+
+// The buckets of `layout` (parameter indices, in launch order), zeroed;
+// where[j]: parameter j's bucket and place in it (kNowhere: in none).
+constexpr size_t kNowhere = static_cast<size_t>(-1);
+inline std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
+                                        const std::vector<std::vector<size_t>>& layout,
+                                        std::vector<std::pair<size_t, size_t>>& where) {
+  std::vector<Bucket> out;
+  where.assign(params.size(), {kNowhere, kNowhere});
+  for (const auto& ids : layout) {
+    Bucket b;
+    int64_t numel = 0;
+    for (size_t j : ids) {
+      where[j] = {out.size(), b.offsets.size()};
+      b.offsets.push_back(numel);
+      numel += params[j].numel();
+    }
+    b.flat = at::zeros({numel}, params[ids.front()].options().requires_grad(false));
+    b.params = ids;
+    b.ready.assign(ids.size(), false);
+    b.pending = ids.size();
+    out.push_back(std::move(b));
+  }
+  return out;
 }
 
 // Every rank's generator states (the same number of bytes on every rank for
