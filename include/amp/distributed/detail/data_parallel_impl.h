@@ -1,28 +1,62 @@
 // amp/distributed/detail/data_parallel_impl.h: DataParallel's construction helpers
-// (amp/distributed.h): the cross-rank shape check, rank 0's broadcast, and
-// the gradient buckets, laid out as torch's DDP lays them out.
+// (amp/distributed.h): the checks on its parameters, the cross-rank shape
+// check, rank 0's broadcast; and the gather of every rank's generators for a
+// checkpoint. Its buckets: detail/bucket_layout.h, detail/gradient_buckets.h.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include <c10/util/hash.h>
-
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
-#include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
-#include <unordered_map>
-#include <utility>
 #include <vector>
 
 #include "amp/distributed/process_group.h"
 #include "amp/train/rng_state.h"
 
 namespace amp::detail {
+
+// DataParallel's parameters: defined, floating point, on one device that its
+// process group serves; compress (the compress hook's dtype, if any) one
+// that this Gloo takes, for a CPU model. name(i): how messages name parameter i.
+inline void check_model(const ProcessGroup& pg, const std::vector<at::Tensor>& params,
+                        std::optional<c10::ScalarType> compress, const std::function<std::string(size_t)>& name) {
+  TORCH_CHECK(!params.empty(), "amp: DataParallel needs the model's parameters; got none");
+  for (size_t i = 0; i < params.size(); ++i)
+    TORCH_CHECK(params[i].defined(), "amp: DataParallel: parameter ", name(i),
+                " is undefined; pass the model's parameters");
+  const c10::Device device = params.front().device();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    TORCH_CHECK(p.device() == device, "amp: DataParallel: parameter ", name(i), " is on ", p.device(), " but ", name(0),
+                " is on ", device, "; put the whole model on one device (model->to(pg.device()))");
+    TORCH_CHECK(at::isFloatingType(p.scalar_type()), "amp: DataParallel: parameter ", name(i), " is ", p.scalar_type(),
+                ", not floating point");
+  }
+  if (device.is_cuda()) {
+    pg.require_cuda("DataParallel's model (parameter " + name(0) + ")");
+    return;
+  }
+  TORCH_CHECK(device.is_cpu(), "amp: DataParallel: the model is on ", device,
+              "; amp trains CPU (Gloo) and CUDA (NCCL) models across processes: move it to one of them");
+  TORCH_CHECK(pg.backend() != Backend::kNccl,
+              "amp: DataParallel: the model is on CPU but "
+              "ProcessGroupOptions::backend is kNccl (CUDA tensors only); move the model to pg.device() or "
+              "use Backend::kAuto or kGloo");
+  if (compress) {
+    const bool half = *compress == at::kHalf;
+    const bool other = pg.gloo_takes(half ? at::kBFloat16 : at::kHalf);  // what this Gloo does take
+    TORCH_CHECK(pg.gloo_takes(*compress), "amp: DataParallelOptions::compression(", half ? "kFp16" : "kBf16",
+                ") on CPU needs a Gloo that takes ", half ? "Half" : "BFloat16", "; this LibTorch's Gloo takes ",
+                other ? (half ? "BFloat16 only" : "Half only") : "neither",
+                " (a build option of Gloo): use GradCompression::kNone",
+                other ? (half ? " or kBf16" : " or kFp16") : "");
+  }
+}
 
 // [n_params, n_buffers, then per tensor: dtype, ndim, sizes...]
 inline std::vector<int64_t> shape_summary(const std::vector<at::Tensor>& params,
@@ -101,138 +135,6 @@ inline void broadcast_from_rank0(const ProcessGroup& pg, const std::vector<at::T
       off += t.numel();
     }
   }
-}
-
-// One flat all-reduce buffer for a run of same-dtype parameters.
-struct Bucket {
-  at::Tensor flat;               // the gradients, side by side
-  at::Tensor comm;               // what is all-reduced (flat, or its fp16/bf16 copy)
-  std::vector<size_t> params;    // indices into DataParallel's parameters
-  std::vector<int64_t> offsets;  // each parameter's offset in flat
-  std::vector<bool> ready;       // per parameter: its gradient is in flat
-  size_t pending = 0;            // parameters not ready yet
-  c10::intrusive_ptr<c10d::Work> work;
-};
-
-// Gradient buckets as torch's DDP lays them out (find_unused_parameters=False,
-// static_graph=False; torch/csrc/distributed/c10d/reducer.cpp and
-// torch/nn/parallel/distributed.py; 1.13, 2.6 and main alike unless noted).
-struct BucketKey {  // reducer.cpp's: one open bucket per dtype and device
-  c10::ScalarType type;
-  c10::Device device;
-  static size_t hash(const BucketKey& k) { return c10::get_hash(k.type, k.device); }
-  bool operator==(const BucketKey& o) const { return type == o.type && device == o.device; }
-};
-
-// compute_bucket_assignment_by_size: the parameters in `order` join the open
-// bucket of their dtype, which closes once its bytes reach its limit
-// (limits[0] for a dtype's first bucket, then the next, the last repeating).
-// Closed buckets in closing order, then the open ones in the order of the
-// same std::unordered_map with the same hash; sort_by_min: sorted by their
-// smallest index, as for the construction-time layout.
-inline std::vector<std::vector<size_t>> assign_buckets(const std::vector<at::Tensor>& params,
-                                                       const std::vector<size_t>& order,
-                                                       const std::vector<size_t>& limits, bool sort_by_min) {
-  struct Open {
-    std::vector<size_t> indices;
-    size_t size = 0;
-  };
-  std::vector<std::vector<size_t>> out;
-  std::unordered_map<BucketKey, size_t, c10::hash<BucketKey>> limit_of;  // index into limits
-  std::unordered_map<BucketKey, Open, c10::hash<BucketKey>> open;
-  for (size_t j : order) {
-    const at::Tensor& p = params[j];
-    const BucketKey key{p.scalar_type(), p.device()};
-    Open& b = open[key];
-    b.indices.push_back(j);
-    b.size += static_cast<size_t>(p.numel()) * static_cast<size_t>(p.element_size());
-    size_t& li = limit_of.emplace(key, 0).first->second;
-    if (b.size >= limits[li]) {
-      out.push_back(std::move(b.indices));
-      b = Open();
-      li = std::min(li + 1, limits.size() - 1);
-    }
-  }
-  for (auto& kv : open)
-    if (!kv.second.indices.empty()) out.push_back(std::move(kv.second.indices));
-  if (sort_by_min)
-    std::sort(out.begin(), out.end(), [](const std::vector<size_t>& a, const std::vector<size_t>& b) {
-      return *std::min_element(a.begin(), a.end()) < *std::min_element(b.begin(), b.end());
-    });
-  return out;
-}
-
-// The first iteration's layout (distributed.py's _ddp_init_helper): the
-// parameters that require grad, one bucket per dtype (limit sys.maxsize),
-// in parameter order; the list reversed (the last parameters' bucket first).
-inline std::vector<std::vector<size_t>> initial_buckets(const std::vector<at::Tensor>& params) {
-  std::vector<size_t> order;
-  for (size_t j = 0; j < params.size(); ++j)
-    if (params[j].requires_grad()) order.push_back(j);
-  auto out = assign_buckets(params, order, {std::numeric_limits<size_t>::max()}, true);
-  std::reverse(out.begin(), out.end());
-  return out;
-}
-
-// The layout from the second iteration on (Reducer::rebuild_buckets):
-// `arrival`, the order of the first synchronized backward's gradients, cut
-// at first_cap bytes (each dtype's first bucket), then at cap; not sorted.
-// DDP_SET_LAST_BUCKET_CAP=1 makes the small bucket the last one, as there.
-inline std::vector<std::vector<size_t>> rebuilt_buckets(const std::vector<at::Tensor>& params,
-                                                        std::vector<size_t> arrival, size_t first_cap, size_t cap) {
-  const char* env = std::getenv("DDP_SET_LAST_BUCKET_CAP");
-  const bool small_last = env != nullptr && std::string(env) == "1";
-  if (small_last) std::reverse(arrival.begin(), arrival.end());
-  auto out = assign_buckets(params, arrival, {first_cap, cap}, false);
-  if (small_last) std::reverse(out.begin(), out.end());
-  return out;
-}
-
-// Rank 0's layout on every rank (DDP's sync_bucket_indices); n: the number
-// of parameters in it (the same on every rank). One broadcast of
-// [bucket count, the indices, each bucket's size].
-inline std::vector<std::vector<size_t>> sync_buckets(const ProcessGroup& pg,
-                                                     const std::vector<std::vector<size_t>>& mine, size_t n) {
-  at::Tensor t = at::zeros({static_cast<int64_t>(2 * n + 1)}, at::kLong);
-  int64_t* d = t.data_ptr<int64_t>();
-  size_t pos = 1;
-  d[0] = static_cast<int64_t>(mine.size());
-  for (size_t b = 0; b < mine.size(); ++b) {
-    for (size_t j : mine[b]) d[pos++] = static_cast<int64_t>(j);
-    d[1 + n + b] = static_cast<int64_t>(mine[b].size());
-  }
-  pg.broadcast(t, 0, "DataParallel bucket rebuild");
-  d = t.data_ptr<int64_t>();
-  std::vector<std::vector<size_t>> out(static_cast<size_t>(d[0]));
-  pos = 1;
-  for (size_t b = 0; b < out.size(); ++b)
-    for (int64_t k = 0; k < d[1 + n + b]; ++k) out[b].push_back(static_cast<size_t>(d[pos++]));
-  return out;
-}
-
-// The buckets of `layout` (parameter indices, in launch order), zeroed;
-// where[j]: parameter j's bucket and place in it (kNowhere: in none).
-constexpr size_t kNowhere = static_cast<size_t>(-1);
-inline std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params,
-                                        const std::vector<std::vector<size_t>>& layout,
-                                        std::vector<std::pair<size_t, size_t>>& where) {
-  std::vector<Bucket> out;
-  where.assign(params.size(), {kNowhere, kNowhere});
-  for (const auto& ids : layout) {
-    Bucket b;
-    int64_t numel = 0;
-    for (size_t j : ids) {
-      where[j] = {out.size(), b.offsets.size()};
-      b.offsets.push_back(numel);
-      numel += params[j].numel();
-    }
-    b.flat = at::zeros({numel}, params[ids.front()].options().requires_grad(false));
-    b.params = ids;
-    b.ready.assign(ids.size(), false);
-    b.pending = ids.size();
-    out.push_back(std::move(b));
-  }
-  return out;
 }
 
 // Every rank's generator states (the same number of bytes on every rank for
