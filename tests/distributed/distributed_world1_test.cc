@@ -12,6 +12,9 @@
 //   * Fabric (two models, two optimizers) with one DataParallel over
 //     all its models' parameters: the same, bit for bit.
 //   * The backend choice's amp: errors that a machine can reach.
+//   * Checkpoints carry DataParallel's rebuilt bucket layout (Trainer and
+//     Fabric); one without it brings back the first step's layout; one that
+//     does not fit the model is an amp: error that changes nothing.
 //
 // The NCCL path compiles without a GPU; the syntax check, against LibTorch
 // 2.6's CUDA headers T (Debian trixie's libtorch-cuda-dev) and CUDA's (one line):
@@ -32,6 +35,7 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -41,6 +45,7 @@
 #include "amp/train/fabric.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/train/trainer.h"
+#include "../tmp_path.h"
 
 namespace {
 
@@ -247,6 +252,171 @@ TEST(WorldOfOne, CpuStackModelUnderDataParallelEqualsPlainTrainerBitwise) {
   const auto with = train_stack_net(&pg), without = train_stack_net(nullptr);
   ASSERT_EQ(with.size(), without.size());
   for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(torch::equal(with[i], without[i])) << "parameter " << i;
+}
+
+// --- the rebuilt bucket layout in checkpoints ---
+
+using Layout = std::vector<std::vector<size_t>>;
+
+// 16 -> 32 -> 4 under True<fp32> + SGD, with DataParallel over pg.
+struct LayoutRig {
+  explicit LayoutRig(const amp::ProcessGroup& pg, bool freeze_last_bias = false)
+      : net(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4)),
+        opt(net->parameters(), torch::optim::SGDOptions(0.05)),
+        trainer(net, opt, amp::TrainerOptions().progress(false)) {
+    if (freeze_last_bias) net->parameters().back().set_requires_grad(false);
+    dp.emplace(pg, trainer);
+  }
+  void steps(int64_t n) {
+    for (int64_t s = 0; s < n; ++s) {
+      torch::manual_seed(100 + static_cast<uint64_t>(s));
+      const torch::Tensor x = torch::randn({8, 16});
+      trainer.step([&](auto&) { return (net->forward(x) - x.narrow(1, 0, 4)).pow(2).mean(); });
+    }
+  }
+  std::string state() const {
+    std::ostringstream out;
+    trainer.save_state(out);
+    return out.str();
+  }
+  void load(const std::string& state) {
+    std::istringstream in(state);
+    trainer.load_state(in);
+  }
+  torch::nn::Sequential net;
+  torch::optim::SGD opt;
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer;
+  std::optional<amp::DataParallel> dp;
+};
+
+const Layout kFirst{{0, 1, 2, 3}};  // DDP's first step: one bucket in parameter order
+
+TEST(WorldOfOne, CheckpointCarriesTheRebuiltLayout) {
+  set_world_of_one_env();
+  amp::ProcessGroup pg = amp::init_process_group(options(amp::Backend::kAuto));
+  LayoutRig a(pg);
+  EXPECT_EQ(a.dp->bucket_layout(), kFirst);
+  const std::string before_rebuild = a.state();  // no layout entries
+  a.steps(2);
+  const Layout rebuilt = a.dp->bucket_layout();
+  ASSERT_NE(rebuilt, kFirst) << "the rebuilt layout is the first one: the test tells nothing";
+  const std::string saved = a.state();
+
+  LayoutRig b(pg);  // a fresh process: the first step's layout
+  b.load(saved);
+  EXPECT_EQ(b.dp->bucket_layout(), rebuilt);
+  b.steps(1);
+  EXPECT_EQ(b.dp->bucket_layout(), rebuilt);
+  EXPECT_EQ(b.dp->allreduces(), 1);
+
+  // Without the entries (before the first step; a checkpoint from before amp
+  // wrote them reads the same): the first step's layout, rebuilt after the next step.
+  b.load(before_rebuild);
+  EXPECT_EQ(b.dp->bucket_layout(), kFirst);
+  b.steps(1);
+  EXPECT_EQ(b.dp->bucket_layout(), rebuilt);
+
+  // Fabric's checkpoints carry it too.
+  auto fabric_rig = [&](amp::Fabric<amp::True<amp::fp32>, amp::CPU>& prec, torch::nn::Sequential net,
+                        torch::optim::SGD& opt) {
+    prec.setup(net, opt);
+    auto dp = std::make_unique<amp::DataParallel>(pg, prec.parameters(), prec.buffers(), amp::DataParallelOptions(),
+                                                  prec.parameter_names());
+    prec.set_gradient_sync(dp.get());
+    return dp;
+  };
+  torch::nn::Sequential net_c(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
+  torch::optim::SGD opt_c(net_c->parameters(), torch::optim::SGDOptions(0.05));
+  amp::Fabric<amp::True<amp::fp32>, amp::CPU> c;
+  auto dp_c = fabric_rig(c, net_c, opt_c);
+  const torch::Tensor x = torch::randn({8, 16});
+  c.backward(c.forward([&](auto&) { return net_c->forward(x).pow(2).mean(); }));
+  c.step(opt_c);
+  c.update();
+  ASSERT_EQ(dp_c->bucket_layout(), rebuilt);
+  const std::string path = amp_test::tmp_path("fabric_layout.pt");
+  c.save(path);
+  torch::nn::Sequential net_d(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
+  torch::optim::SGD opt_d(net_d->parameters(), torch::optim::SGDOptions(0.05));
+  amp::Fabric<amp::True<amp::fp32>, amp::CPU> d;
+  auto dp_d = fabric_rig(d, net_d, opt_d);
+  EXPECT_EQ(dp_d->bucket_layout(), kFirst);
+  d.load(path);
+  EXPECT_EQ(dp_d->bucket_layout(), rebuilt);
+}
+
+// A layout of another model: an amp: error, and the trainer (parameters,
+// counters, layout) as it was.
+TEST(WorldOfOne, CheckpointLayoutOfAnotherModelIsAnAmpErrorThatChangesNothing) {
+  set_world_of_one_env();
+  amp::ProcessGroup pg = amp::init_process_group(options(amp::Backend::kAuto));
+  LayoutRig frozen(pg, /*freeze_last_bias=*/true);  // its layout leaves '2.bias' out
+  frozen.steps(2);
+  const std::string other = frozen.state();
+  LayoutRig rig(pg);
+  rig.steps(3);
+  const Layout layout = rig.dp->bucket_layout();
+  std::vector<torch::Tensor> params;
+  for (const auto& p : rig.net->parameters()) params.push_back(p.detach().clone());
+  const std::string msg = error_of([&] { rig.load(other); });
+  EXPECT_EQ(msg.rfind("amp: the state does not fit this model/optimizer (left unchanged): amp: the checkpoint's "
+                      "DataParallel bucket layout ('amp/data_parallel/bucket_params') does not fit this model: "
+                      "parameter '2.bias' is in no bucket; it was written for another model",
+                      0),
+            0u)
+      << msg;
+  EXPECT_EQ(rig.trainer.steps(), 3);
+  EXPECT_EQ(rig.dp->bucket_layout(), layout);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], rig.net->parameters()[i]));
+}
+
+// read_state's checks, entry by entry: an amp: error before anything changes.
+TEST(WorldOfOne, DamagedCheckpointLayoutIsAnAmpError) {
+  set_world_of_one_env();
+  amp::ProcessGroup pg = amp::init_process_group(options(amp::Backend::kAuto));
+  // Parameters 0 and 1 fp32, 2 bf16, 3 frozen.
+  std::vector<torch::Tensor> params{
+      torch::zeros({3}, torch::requires_grad()), torch::zeros({2}, torch::requires_grad()),
+      torch::zeros({2}, torch::dtype(torch::kBFloat16).requires_grad(true)), torch::zeros({2})};
+  amp::DataParallel dp(pg, params);
+  const Layout first = dp.bucket_layout();
+  auto read = [&](const torch::Tensor& sizes, const torch::Tensor& indices) {
+    torch::serialize::OutputArchive out;
+    if (sizes.defined()) out.write("amp/data_parallel/bucket_sizes", sizes, /*is_buffer=*/true);
+    if (indices.defined()) out.write("amp/data_parallel/bucket_params", indices, /*is_buffer=*/true);
+    std::stringstream bytes;
+    out.save_to(bytes);
+    torch::serialize::InputArchive in;
+    in.load_from(bytes);
+    return error_of([&] { dp.read_state(in)(); });
+  };
+  auto longs = [](std::vector<int64_t> v) { return torch::tensor(v, torch::kLong); };
+  const std::string fit =
+      "amp: the checkpoint's DataParallel bucket layout ('amp/data_parallel/bucket_params') "
+      "does not fit this model: ";
+  const std::string other = "; it was written for another model";
+  EXPECT_EQ(read(longs({2, 1}), longs({1, 0, 2})), "");  // fits: installed
+  EXPECT_EQ(dp.bucket_layout(), (Layout{{1, 0}, {2}}));
+  EXPECT_EQ(read(longs({2}), torch::Tensor())
+                .rfind("amp: the checkpoint has only one of DataParallel's bucket "
+                       "layout entries",
+                       0),
+            0u);
+  EXPECT_NE(read(longs({2}), torch::tensor({1.0f, 0.0f})).find("not lists of Long; a damaged checkpoint"),
+            std::string::npos);
+  EXPECT_NE(read(longs({2, 0, 1}), longs({0, 1, 2})).find("gives bucket 1 0 parameters"), std::string::npos);
+  EXPECT_NE(read(longs({2, 2}), longs({0, 1, 2})).find("adds up to 4 parameters but"), std::string::npos);
+  EXPECT_NE(read(longs({2, 1}), longs({0, -1, 2})).find("holds the index -1"), std::string::npos);
+  EXPECT_EQ(read(longs({2, 1}), longs({0, 7, 2})), fit + "it names parameter #7, but there are 4" + other);
+  EXPECT_EQ(read(longs({2, 1}), longs({0, 0, 2})), fit + "it holds parameter #0 twice" + other);
+  EXPECT_EQ(read(longs({2, 1, 1}), longs({0, 1, 2, 3})),
+            fit + "it holds parameter #3, which does not require grad here" + other);
+  EXPECT_EQ(
+      read(longs({1, 2}), longs({0, 1, 2})),
+      fit + "bucket 1 holds #1 (Float on cpu) and #2 (BFloat16 on cpu), but a bucket has one dtype and device" + other);
+  EXPECT_EQ(read(longs({2}), longs({0, 1})), fit + "parameter #2 is in no bucket" + other);
+  EXPECT_EQ(dp.bucket_layout(), (Layout{{1, 0}, {2}}));  // none of them changed it
+  EXPECT_NE(first, dp.bucket_layout());
 }
 
 // kNccl where it cannot work: an amp: error before any rendezvous.

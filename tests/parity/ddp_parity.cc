@@ -4,13 +4,15 @@
 //
 //   tools/launch -n N -- ddp_parity OUT_DIR        (N processes; N = 2, 3, 4 in the test)
 //
-// Every rank trains the 64-128-128-10 MLP of parity_io.h (as Mlp below:
-// parameter order matters, see there) through amp::Trainer +
-// amp::DataParallel, kSteps steps per run on its own batches (seeded by its
-// rank), and writes OUT_DIR/cpp_w<N>_r<rank>_steps.txt (per step: run, step,
-// the loss's and the loss scale's float bits) and the final parameters
-// (OUT_DIR/cpp_w<N>_r<rank>_<run>.pt). The twin runs the same steps under DDP
-// and compares every rank's losses, scales and parameters bit for bit.
+// Every rank trains the 64-128-128-10 MLP of parity_io.h (as Mlp below: its
+// bucket layout changes after the first step, see there) through
+// amp::Trainer + amp::DataParallel, kSteps steps per run on its own batches
+// (seeded by its rank), and writes OUT_DIR/cpp_w<N>_r<rank>_steps.txt (per
+// step: run, step, the loss's and the loss scale's float bits), the final
+// parameters (OUT_DIR/cpp_w<N>_r<rank>_<run>.pt) and the bucket layouts of
+// steps 0-2 (OUT_DIR/cpp_w<N>_r<rank>_layouts.txt: run, step, buckets as
+// "w3,b3|w2"). The twin runs the same steps under DDP and compares every
+// rank's layouts, losses, scales and parameters bit for bit.
 //   sgd-bf16-mixed           Trainer<Mixed<bf16, NoScaler>> + SGD (momentum), the optimizer's own
 //                            step() (fused(false)) vs DDP + autocast + SGD(foreach=False); every LibTorch
 //   sgd-16-mixed-inf         Trainer<Mixed<fp16, DynamicScaler>> + SGD (momentum), fused(false), an inf
@@ -21,6 +23,8 @@
 //   adamw-16-mixed-inf       Trainer<Mixed<fp16, DynamicScaler>> + fused AdamW, the same infs (2.4+)
 //   sgd-bf16-mixed-fp16hook  sgd-bf16-mixed with DataParallelOptions::compression(kFp16) vs DDP with
 //                            fp16_compress_hook (where this Gloo takes fp16)
+//   sgd-bf16-mixed-buckets   sgd-bf16-mixed with bucket_cap_mb(0.02) vs DDP(bucket_cap_mb=0.02): after the
+//                            first step 3 buckets from LibTorch 2.6 (first cut at the cap), 1 on 1.13 (1 MiB)
 // A run this LibTorch cannot do is skipped with its reason ("skip <run>: ...").
 // Timeouts: AMP_DP_TIMEOUT_MS (default 120000) bounds every collective.
 #include <torch/torch.h>
@@ -50,32 +54,30 @@ constexpr int64_t kBatch = 32;  // per rank
 
 using amp_parity::bits;
 
-// parity_io.h's MLP (its weights), its parameters registered bias first:
-// [b1, w1, b2, w2, b3, w3]. Gloo sums each element of a bucket in an order
-// that depends on its offset in the bucket (measured: an all-reduce of a
-// tensor and of its flip differ in ~20% of the elements at 3 and 4
-// processes), so a bitwise comparison needs the same bucket layout on both
-// sides. amp's is the parameters in reverse order, [w3, b3, w2, b2, w1, b1];
-// DDP's is its parameters' order in the first iteration and the order their
-// gradients arrived after it (under autocast: w3, b3, w2, b2, w1, b1), and the
-// twin registers its parameters in that order: one bucket with the same
-// layout in every step on both sides.
+// parity_io.h's MLP (its weights), its parameters registered in its order
+// [w1, b1, w2, b2, w3, b3], as the twin's. Gloo sums each element of a bucket
+// in an order that depends on its offset in the bucket (measured: an
+// all-reduce of a tensor and of its flip differ in ~20% of the elements at 3
+// and 4 processes), so the bits are DDP's only with DDP's layout: its first
+// step's bucket holds the parameters in their order, later ones in the order
+// their gradients arrived (under autocast: w3, b3, w2, b2, w1, b1): two
+// layouts, neither the parameters reversed (amp's before it followed DDP).
 struct Mlp : torch::nn::Module {
   Mlp() {
     auto ref = amp_parity::make_mlp();
     const auto p = ref->parameters();  // w1, b1, w2, b2, w3, b3
-    b1 = register_parameter("b1", p[1].detach().clone());
     w1 = register_parameter("w1", p[0].detach().clone());
-    b2 = register_parameter("b2", p[3].detach().clone());
+    b1 = register_parameter("b1", p[1].detach().clone());
     w2 = register_parameter("w2", p[2].detach().clone());
-    b3 = register_parameter("b3", p[5].detach().clone());
+    b2 = register_parameter("b2", p[3].detach().clone());
     w3 = register_parameter("w3", p[4].detach().clone());
+    b3 = register_parameter("b3", p[5].detach().clone());
   }
   torch::Tensor forward(const torch::Tensor& x) {
     return torch::linear(torch::relu(torch::linear(torch::relu(torch::linear(x, w1, b1)), w2, b2)), w3, b3);
   }
   std::vector<torch::Tensor> canonical() const { return {w1, b1, w2, b2, w3, b3}; }
-  torch::Tensor b1, w1, b2, w2, b3, w3;
+  torch::Tensor w1, b1, w2, b2, w3, b3;
 };
 
 // This rank's batches: seeded by the rank, as the twin's.
@@ -103,13 +105,22 @@ Scaler make_scaler() {
 
 struct Out {
   std::string prefix;  // OUT_DIR/cpp_w<N>_r<rank>
-  std::ofstream steps;
-  explicit Out(const std::string& p) : prefix(p), steps(p + "_steps.txt") {}
+  std::ofstream steps, layouts;
+  explicit Out(const std::string& p) : prefix(p), steps(p + "_steps.txt"), layouts(p + "_layouts.txt") {}
 };
+
+// "w3,b3,w2|b2,w1|b1": the buckets in launch order, each's parameters in its order.
+std::string layout_names(const std::vector<std::vector<size_t>>& layout, const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t b = 0; b < layout.size(); ++b)
+    for (size_t k = 0; k < layout[b].size(); ++k) s += (k ? "," : b ? "|" : "") + names.at(layout[b][k]);
+  return s;
+}
 
 template <class Policy, class Opt, class OptOptions>
 void run(Out& out, const amp::ProcessGroup& pg, const Data& data, const std::string& name,
-         const OptOptions& opt_options, bool fused, amp::GradCompression compression = amp::GradCompression::kNone) {
+         const OptOptions& opt_options, bool fused, amp::GradCompression compression = amp::GradCompression::kNone,
+         double bucket_cap_mb = 25.0) {
   auto model = std::make_shared<Mlp>();
   Opt opt(model->parameters(), opt_options);
   amp::Trainer<Policy, amp::CPU> trainer(model, opt, amp::TrainerOptions().progress(false).fused(fused),
@@ -117,13 +128,19 @@ void run(Out& out, const amp::ProcessGroup& pg, const Data& data, const std::str
   if (trainer.fused() != fused)  // the twin runs fused=True or foreach=False to match
     throw std::runtime_error("amp: ddp_parity: " + name + " takes " + trainer.optimizer_path() + ", not the " +
                              (fused ? "fused" : "unfused") + " path its Python twin runs");
-  amp::DataParallel dp(pg, trainer, amp::DataParallelOptions().compression(compression));
-  // One bucket: w3, b3, w2, b2, w1, b1 (the layout the twin checks DDP's against).
-  if (dp.bucket_layout() != std::vector<std::vector<size_t>>{{5, 4, 3, 2, 1, 0}})
-    throw std::runtime_error(
-        "amp: ddp_parity: DataParallel's buckets are not the one bucket [w3 .. b1] the twin expects");
+  amp::DataParallel dp(pg, trainer, amp::DataParallelOptions().compression(compression).bucket_cap_mb(bucket_cap_mb));
+  std::vector<std::string> names;
+  for (const auto& p : model->named_parameters()) names.push_back(p.key());
+  // DDP's first step: one bucket in parameter order; then a rebuilt one (the twin compares both with DDP's).
+  if (dp.bucket_layout() != std::vector<std::vector<size_t>>{{0, 1, 2, 3, 4, 5}})
+    throw std::runtime_error("amp: ddp_parity: " + name + ": the first step's buckets are " +
+                             layout_names(dp.bucket_layout(), names) + ", not w1,b1,w2,b2,w3,b3");
   const bool inf = name.size() > 4 && name.compare(name.size() - 4, 4, "-inf") == 0;
   for (int i = 0; i < kSteps; ++i) {
+    if (i < 3) out.layouts << name << " " << i << " " << layout_names(dp.bucket_layout(), names) << "\n";
+    if (i == 1 && dp.bucket_layout() == std::vector<std::vector<size_t>>{{0, 1, 2, 3, 4, 5}})
+      throw std::runtime_error("amp: ddp_parity: " + name + ": the rebuilt layout is the first one; the test " +
+                               "no longer tells them apart");
     const bool poison = inf && poisoned(i, pg.rank(), pg.world_size());
     auto r = trainer.step([&](auto&) {
       const auto loss = torch::cross_entropy_loss(model->forward(data.x[i]), data.y[i]);
@@ -135,6 +152,7 @@ void run(Out& out, const amp::ProcessGroup& pg, const Data& data, const std::str
               << bits(static_cast<float>(scale)) << "\n";
   }
   out.steps.flush();
+  out.layouts.flush();
   amp_parity::save(out.prefix + "_" + name + ".pt", model->canonical());
 }
 
@@ -185,6 +203,8 @@ int main(int argc, char** argv) {
   } else {
     skipped.push_back("adamw-bf16-mixed: no CPU fused AdamW before LibTorch 2.4");
   }
+  run<Bf16, SGD>(out, pg, data, "sgd-bf16-mixed-buckets", SGDOptions(0.05).momentum(0.9), false,
+                 amp::GradCompression::kNone, 0.02);
   // Python's bf16_compress_hook refuses to run without CUDA and NCCL, so only
   // the fp16 hook has a twin on CPU (distributed_test's compress_bf16 checks kBf16).
   if (pg.gloo_takes(at::kHalf)) {

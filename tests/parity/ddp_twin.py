@@ -6,7 +6,7 @@
 For each world size N, starts N processes of itself (subprocesses joined by
 a FileStore in OUT_DIR, Gloo, bounded timeouts) that train what the C++ half
 trained with torch.nn.parallel.DistributedDataParallel (its defaults: 25 MiB
-buckets, no comm hook unless the run names one), torch.autocast and
+buckets, no comm hook, unless the run names a cap or hook), torch.autocast and
 torch.amp.GradScaler (torch's recipe: scale(loss).backward(), step, update),
 then compares every rank's per-step losses and loss scales and final
 parameters with the C++ rank's, bit for bit. SGD(foreach=False) where the C++
@@ -14,9 +14,10 @@ half runs LibTorch's own SGD step (the per-tensor loop it is), AdamW(fused=True)
 where it takes the fused path. Fails unless the C++ half ran exactly the runs
 this torch can run (as this twin decides them), and every scaled run both
 backed off and grew its scale. Gloo's sum of an element depends on its offset
-in the bucket, so both sides must lay their one bucket out alike: each worker
-first checks that DDP's bucket holds the parameters as amp's does (see Mlp)
-and fails with the layouts it saw if not. Exit 1 on any difference.
+in the bucket, so both sides must lay their buckets out alike: each worker
+first records DDP's layouts of the first three steps of every run (a throwaway
+model) and fails with both if they are not the C++ rank's (its layouts.txt).
+Exit 1 on any difference.
 """
 import datetime
 import math
@@ -62,6 +63,7 @@ def runs():
     r, skipped = {}, []
     sgd = dict(opt="sgd", hook=None)
     r["sgd-bf16-mixed"] = dict(sgd, policy="bf16-mixed")
+    r["sgd-bf16-mixed-buckets"] = dict(sgd, policy="bf16-mixed", cap=0.02)  # several buckets after step 0 (2.6+)
     if version() >= (2, 3):  # CPU fp16 autocast and GradScaler kernels
         r["sgd-16-mixed-inf"] = dict(sgd, policy="16-mixed")
         if version() >= (2, 4):
@@ -85,10 +87,10 @@ def runs():
 
 class Mlp(torch.nn.Module):
     """ddp_parity.cc's Mlp: parity_io.h's MLP (its weights), F.linear as the C++ torch::linear, its
-    parameters registered in the order DDP's rebuilt bucket holds them (the order their gradients
-    arrive under autocast), w3, b3, w2, b2, w1, b1: DDP's first-iteration bucket (parameter order)
-    then has the same layout, and it is amp's (the C++ parameters reversed). Gloo's sum of an
-    element depends on its offset in the bucket; see ddp_parity.cc."""
+    parameters registered in their order, w1, b1, w2, b2, w3, b3: DDP's first bucket holds them so,
+    its rebuilt one in the order their gradients arrive (w3, b3, w2, b2, w1, b1 under autocast), and
+    amp must follow both. Gloo's sum of an element depends on its offset in the bucket; see
+    ddp_parity.cc."""
 
     def __init__(self):
         super().__init__()
@@ -96,7 +98,7 @@ class Mlp(torch.nn.Module):
         ref = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
                                   torch.nn.ReLU(), torch.nn.Linear(128, 10))
         w1, b1, w2, b2, w3, b3 = (torch.randn(p.shape) * 0.05 for p in ref.parameters())
-        for n, t in (("w3", w3), ("b3", b3), ("w2", w2), ("b2", b2), ("w1", w1), ("b1", b1)):
+        for n, t in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2), ("w3", w3), ("b3", b3)):
             self.register_parameter(n, torch.nn.Parameter(t))
 
     def forward(self, x):
@@ -116,9 +118,8 @@ def data(rank):  # ddp_parity.cc's Data
 
 def train(name, r, rank, world, x, y):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.nn.parallel import DistributedDataParallel
     model = Mlp()
-    ddp = DistributedDataParallel(model)
+    ddp = make_ddp(model, r)
     if r["hook"] is not None:
         ddp.register_comm_hook(None, {"fp16": default_hooks.fp16_compress_hook,
                                       "bf16": default_hooks.bf16_compress_hook}[r["hook"]])
@@ -128,7 +129,7 @@ def train(name, r, rank, world, x, y):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
     scaled = r["policy"] == "16-mixed"
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=5) if scaled else None
-    ac = torch.float16 if scaled else torch.bfloat16
+    ac = autocast_dtype(r)
     rows = []
     for i in range(STEPS):
         opt.zero_grad()
@@ -141,26 +142,44 @@ def train(name, r, rank, world, x, y):
     return rows, [p.detach().clone() for p in model.canonical()]
 
 
-def bucket_layouts(x, y, dtype):
-    """The parameter order of DDP's bucket(s) in its first three iterations (a throwaway model; a
-    recording hook around allreduce_hook)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+def make_ddp(model, r):
+    """DDP with its defaults, bucket_cap_mb where the run names one (as DataParallelOptions)."""
     from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(model, **({"bucket_cap_mb": r["cap"]} if r.get("cap") else {}))
+
+
+def autocast_dtype(r):
+    return torch.float16 if r["policy"] == "16-mixed" else torch.bfloat16
+
+
+def bucket_layouts(x, y, r):
+    """DDP's buckets in its first three iterations, as ddp_parity.cc writes amp's ("w3,b3,w2|b2,w1|b1":
+    launch order; a throwaway model, a recording hook around allreduce_hook)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     model = Mlp()
-    ddp = DistributedDataParallel(model)
+    ddp = make_ddp(model, r)
     names = {id(p): n for n, p in model.named_parameters()}
     seen = []
 
     def hook(state, bucket):
-        seen[-1].append([names[id(p)] for p in bucket.parameters()])
+        seen[-1].append(",".join(names[id(p)] for p in bucket.parameters()))
         return default_hooks.allreduce_hook(state, bucket)
 
     ddp.register_comm_hook(None, hook)
     for i in range(3):
         seen.append([])
-        with torch.autocast("cpu", dtype=dtype):
+        with torch.autocast("cpu", dtype=autocast_dtype(r)):
             torch.nn.functional.cross_entropy(ddp(x[i]), y[i]).backward()
-    return seen
+    return ["|".join(s) for s in seen]
+
+
+def cpp_layouts(path):
+    """ddp_parity.cc's layouts.txt: {run: [layout of step 0, 1, 2]}."""
+    out = {}
+    for line in open(path):
+        name, i, layout = line.split()
+        out.setdefault(name, []).append(layout)
+    return out
 
 
 def worker(out, world, rank, store):
@@ -170,13 +189,13 @@ def worker(out, world, rank, store):
                             timeout=datetime.timedelta(seconds=timeout_s()))
     todo, skipped = runs()
     x, y = data(rank)
-    # The comparison needs DDP's bucket to hold the parameters as amp's does in every iteration (see Mlp).
-    expect = [[["w3", "b3", "w2", "b2", "w1", "b1"]]] * 3
-    for dtype in (torch.bfloat16,) + ((torch.float16,) if version() >= (2, 3) else ()):
-        seen = bucket_layouts(x, y, dtype)
-        if seen != expect:
-            print(f"FAIL rank {rank}: under {dtype} autocast DDP's buckets hold {seen} in its first three "
-                  f"iterations, not amp's layout {expect[0]}: the twins' parameter orders need updating", flush=True)
+    # The bitwise comparison needs amp's buckets laid out as DDP's in every iteration.
+    cpp = cpp_layouts(f"{out}/cpp_w{world}_r{rank}_layouts.txt")
+    for name, r in todo.items():
+        seen = bucket_layouts(x, y, r)
+        if seen != cpp.get(name):
+            print(f"FAIL rank {rank} {name}: DDP's buckets in its first three iterations are {seen}, amp's "
+                  f"{cpp.get(name)}", flush=True)
             return 3
     prefix = f"{out}/py_w{world}_r{rank}"
     with open(prefix + "_steps.txt", "w") as f:

@@ -10,23 +10,25 @@
 //   amp::save_on_rank0(pg, trainer, "ckpt.pt");            // rank 0 writes; every rank: trainer.load("ckpt.pt")
 //
 // DataParallel is the Stepper's GradientSync (amp/train/stepper.h): a hook on every
-// parameter puts its gradient into a size-capped bucket (25 MiB, like
-// torch's DDP) as backward produces it; a full bucket's all-reduce starts at
-// once (buckets in a fixed order, the same on every rank), overlapping the
-// rest of backward; finish_backward() waits for them and writes the averages
-// into .grad. The average is computed as torch DDP's reducer computes it
-// (reducer.cpp, no comm hook): each gradient is multiplied by 1/world_size
+// parameter that requires grad puts its gradient into its bucket as backward
+// produces it; a full bucket's all-reduce starts at once (buckets in a fixed
+// order, the same on every rank), overlapping the rest of backward;
+// finish_backward() waits for them and writes the averages into .grad. The
+// average is computed as torch DDP's reducer computes it (reducer.cpp, no
+// comm hook): each gradient is multiplied by 1/world_size
 // as it enters the bucket (at::mul_out with the double 1.0 / N as a wrapped
 // scalar), the all-reduce sums, and nothing is divided after (summing and
 // then dividing differs in the last bit for N = 3; for a power-of-two N the
 // two agree but for subnormal or overflowing values). Gloo's sum of an
-// element depends on its offset in the bucket, so the bits are DDP's where
-// the buckets hold the same parameters in the same order: amp's hold them in
-// reverse parameter order from the first step; DDP's first step uses
-// parameter order and later ones the order the gradients arrived in
-// (tests/parity/ddp_twin.py gives both sides the same layout and compares
-// the bits at 2, 3 and 4 processes). Micro-batches that do not end an
-// accumulation cycle communicate nothing (DDP's no_sync).
+// element depends on its offset in the bucket, so the buckets are laid out
+// as DDP's reducer lays them out (detail/bucket_layout.h): the first
+// boundary one bucket per dtype in parameter order; after it, rebuilt in the
+// order rank 0's gradients arrived in then, cut at 1 MiB and then at
+// bucket_cap_mb (tests/parity/ddp_twin.py compares layouts and bits at 2, 3
+// and 4 processes). Checkpoints carry the rebuilt layout, so that a resumed
+// run keeps it (detail/layout_checkpoint.h). Micro-batches that do not end
+// an accumulation cycle communicate nothing (DDP's no_sync). The buckets
+// themselves: detail/gradient_buckets.h.
 // Gradients are averaged while scaled, so every rank unscales the same
 // values, makes the same skip decision and keeps the same loss scale (an inf
 // on one rank reaches all through the sum). Optionally the buckets travel as
@@ -43,33 +45,40 @@
 
 #include <torch/arg.h>
 #include <ATen/ATen.h>
-#include <ATen/ScalarOps.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <ostream>
-#include <sstream>
 #include <streambuf>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "amp/distributed/detail/bucket_layout.h"
 #include "amp/distributed/detail/data_parallel_impl.h"
+#include "amp/distributed/detail/gradient_buckets.h"
+#include "amp/distributed/detail/layout_checkpoint.h"
 #include "amp/distributed/process_group.h"
 #include "amp/distributed/sharded_optimizer.h"
 #include "amp/train/history.h"
 #include "amp/train/stepper.h"
+#include "amp/version.h"
 
 namespace amp {
 
 enum class GradCompression { kNone, kFp16, kBf16 };
 
 struct DataParallelOptions {
-  // Bucket size cap in MiB (torch DDP's bucket_cap_mb); a larger parameter gets a bucket of its own.
+  // Bucket size cap in MiB (DDP's bucket_cap_mb), from the second boundary
+  // on; a bucket closes at the parameter that reaches it. The first bucket
+  // closes at 1 MiB, or (LibTorch 2.6+, as DDP given bucket_cap_mb) at this
+  // cap where it is not 25.
   TORCH_ARG(double, bucket_cap_mb) = 25.0;
   // The dtype buckets travel in: kNone (the gradients' own), kFp16 or kBf16.
   TORCH_ARG(GradCompression, compression) = GradCompression::kNone;
@@ -79,20 +88,6 @@ struct DataParallelOptions {
   // false: all after backward (for measuring what the overlap buys).
   TORCH_ARG(bool, overlap) = true;
 };
-
-namespace detail {
-
-// One flat all-reduce buffer for a run of same-dtype parameters.
-struct Bucket {
-  at::Tensor flat;               // the gradients, side by side
-  at::Tensor comm;               // what is all-reduced (flat, or its fp16/bf16 copy)
-  std::vector<size_t> params;    // indices into DataParallel's parameters
-  std::vector<int64_t> offsets;  // each parameter's offset in flat
-  std::vector<bool> ready;       // per parameter: its gradient is in flat
-  size_t pending = 0;            // parameters not ready yet
-  c10::intrusive_ptr<c10d::Work> work;
-};
-}  // namespace detail
 
 class DataParallel : public GradientSync {
  public:
@@ -135,17 +130,11 @@ class DataParallel : public GradientSync {
 
   // GradientSync: the Stepper's calls around each micro-batch's backward.
   void begin_backward(bool boundary) override {
-    TORCH_CHECK(!in_flight(),
+    TORCH_CHECK(!buckets_->in_flight(),
                 "amp: DataParallel::begin_backward() while the previous boundary's all-reduces are "
                 "still in flight; finish_backward() was not called");
     active_ = boundary;
-    if (!boundary) return;
-    for (auto& b : buckets_) {
-      std::fill(b.ready.begin(), b.ready.end(), false);
-      b.pending = b.params.size();
-      b.work.reset();
-    }
-    next_ = 0;
+    if (boundary) buckets_->begin();
   }
 
   void finish_backward() override {
@@ -154,30 +143,13 @@ class DataParallel : public GradientSync {
     std::lock_guard<std::mutex> lock(mutex_);
     // Parameters backward did not reach (unused in this forward): their
     // current gradient, or zeros, so every rank all-reduces every bucket.
-    for (auto& b : buckets_)
-      for (size_t k = 0; k < b.params.size(); ++k)
-        if (!b.ready[k]) fill(b, k, at::Tensor());
-    launch_ready();
-    at::NoGradGuard no_grad;
-    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-      auto& b = buckets_[bi];
-      pg_.wait(b.work,
-               "gradient all-reduce (bucket " + std::to_string(bi) + " of " + std::to_string(buckets_.size()) + ")");
-      b.work.reset();
-      // The sum is the average (each term was scaled by 1/N on the way in);
-      // world size 1: the gradient itself, bit for bit.
-      if (!b.comm.is_same(b.flat)) b.flat.copy_(b.comm);  // compressed or widened: back to the gradients' dtype
-      b.comm.reset();
-      for (size_t k = 0; k < b.params.size(); ++k) {
-        at::Tensor& p = params_[b.params[k]];
-        const at::Tensor avg = slot(b, k);
-        if (p.grad().defined()) {
-          p.mutable_grad().copy_(avg);
-        } else {
-          p.mutable_grad() = avg.clone();
-        }
-      }
+    for (size_t j : buckets_->missing()) {
+      if (!rebuilt_) arrival_.push_back(j);
+      buckets_->add(j, at::Tensor());
     }
+    buckets_->launch_ready();
+    buckets_->finish();
+    if (!rebuilt_) rebuild();
   }
 
   // Float8 delayed scaling's amaxes of the step: their largest over the ranks
@@ -202,15 +174,42 @@ class DataParallel : public GradientSync {
   void gather_rng() { gathered_rng_ = detail::allgather_rng(pg_, detail::capture_rng()); }
   void forget_gathered_rng() { gathered_rng_.clear(); }
 
-  // All-reduces issued so far (one per bucket per optimizer step), and the bucket count.
-  int64_t allreduces() const { return allreduces_.load(); }
-  int64_t buckets() const { return static_cast<int64_t>(buckets_.size()); }
-  // Parameter indices per bucket (in launch order).
-  std::vector<std::vector<size_t>> bucket_layout() const {
-    std::vector<std::vector<size_t>> out;
-    for (const auto& b : buckets_) out.push_back(b.params);
-    return out;
+  // Checkpoints also hold the rebuilt bucket layout (rank 0's, the same on
+  // every rank; detail/layout_checkpoint.h), which a load installs, so that
+  // a resumed run sums as the uninterrupted one. A checkpoint without one
+  // (written before the first step, without DataParallel, or by amp before
+  // it wrote them) brings back the first step's layout, rebuilt after the
+  // next step. One that does not fit these parameters: an amp: error.
+  void write_state(torch::serialize::OutputArchive& archive) const override {
+    if (rebuilt_) detail::write_layout(archive, buckets_->layout());
   }
+  std::function<void()> read_state(torch::serialize::InputArchive& archive) override {
+    TORCH_CHECK(!buckets_->in_flight(), "amp: a checkpoint was loaded while DataParallel's all-reduces are in flight");
+    std::optional<detail::BucketLayout> layout = detail::read_layout(archive);
+    if (layout) {
+      std::vector<bool> bucketed;
+      for (size_t j = 0; j < params_.size(); ++j) bucketed.push_back(hooks_[j] != kNoHook);
+      const std::string misfit =
+          detail::layout_misfit(*layout, params_, bucketed, [this](size_t i) { return name(i); });
+      TORCH_CHECK(misfit.empty(), "amp: the checkpoint's DataParallel bucket layout ('", detail::kBucketParamsKey,
+                  "') does not fit this model: ", misfit, "; it was written for another model");
+    }
+    return [this, layout = std::move(layout)] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      rebuilt_ = layout.has_value();
+      arrival_.clear();
+      buckets_->lay_out(layout ? *layout : detail::initial_buckets(params_));
+    };
+  }
+
+  // All-reduces issued so far (one per bucket per optimizer step), and the bucket count.
+  int64_t allreduces() const { return buckets_->allreduces(); }
+  int64_t buckets() const { return static_cast<int64_t>(buckets_->count()); }
+  // Parameter indices per bucket, in launch order, of the next boundary:
+  // DDP's first layout until the first boundary's finish_backward(), then
+  // the rebuilt one (both: detail/bucket_layout.h). Frozen parameters
+  // (requires_grad false at construction) are in none; their .grad is untouched.
+  std::vector<std::vector<size_t>> bucket_layout() const { return buckets_->layout(); }
 
   int rank() const { return pg_.rank(); }
   int world_size() const { return pg_.world_size(); }
@@ -221,144 +220,50 @@ class DataParallel : public GradientSync {
  private:
   static constexpr unsigned kNoHook = static_cast<unsigned>(-1);
 
-  bool in_flight() const {
-    for (const auto& b : buckets_)
-      if (b.work) return true;
-    return false;
-  }
-
   std::string name(size_t i) const { return i < names_.size() ? "'" + names_[i] + "'" : "#" + std::to_string(i); }
 
+  std::optional<c10::ScalarType> compress() const {
+    if (options_.compression() == GradCompression::kNone) return std::nullopt;
+    return options_.compression() == GradCompression::kFp16 ? at::kHalf : at::kBFloat16;
+  }
+
   void setup(const std::vector<at::Tensor>& buffers) {
-    TORCH_CHECK(!params_.empty(), "amp: DataParallel needs the model's parameters; got none");
     TORCH_CHECK(options_.bucket_cap_mb() > 0, "amp: DataParallelOptions::bucket_cap_mb must be > 0, got ",
                 options_.bucket_cap_mb());
-    for (size_t i = 0; i < params_.size(); ++i)
-      TORCH_CHECK(params_[i].defined(), "amp: DataParallel: parameter ", name(i),
-                  " is undefined; pass the "
-                  "model's parameters");
-    const c10::Device device = params_.front().device();
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const auto& p = params_[i];
-      TORCH_CHECK(p.device() == device, "amp: DataParallel: parameter ", name(i), " is on ", p.device(), " but ",
-                  name(0), " is on ", device, "; put the whole model on one device (model->to(pg.device()))");
-      TORCH_CHECK(at::isFloatingType(p.scalar_type()), "amp: DataParallel: parameter ", name(i), " is ",
-                  p.scalar_type(), ", not floating point");
-    }
-    if (device.is_cuda()) {
-      pg_.require_cuda("DataParallel's model (parameter " + name(0) + ")");
-    } else {
-      TORCH_CHECK(device.is_cpu(), "amp: DataParallel: the model is on ", device,
-                  "; amp trains CPU (Gloo) and CUDA (NCCL) models across processes: move it to one of them");
-      TORCH_CHECK(pg_.backend() != Backend::kNccl,
-                  "amp: DataParallel: the model is on CPU but "
-                  "ProcessGroupOptions::backend is kNccl (CUDA tensors only); move the model to pg.device() or "
-                  "use Backend::kAuto or kGloo");
-      if (options_.compression() != GradCompression::kNone) {
-        const bool half = options_.compression() == GradCompression::kFp16;
-        const bool other = pg_.gloo_takes(half ? at::kBFloat16 : at::kHalf);  // what this Gloo does take
-        TORCH_CHECK(pg_.gloo_takes(half ? at::kHalf : at::kBFloat16), "amp: DataParallelOptions::compression(",
-                    half ? "kFp16" : "kBf16", ") on CPU needs a Gloo that takes ", half ? "Half" : "BFloat16",
-                    "; this LibTorch's Gloo takes ", other ? (half ? "BFloat16 only" : "Half only") : "neither",
-                    " (a build option of Gloo): use GradCompression::kNone",
-                    other ? (half ? " or kBf16" : " or kFp16") : "");
-      }
-    }
+    detail::check_model(pg_, params_, compress(), [this](size_t i) { return name(i); });
     const std::vector<at::Tensor> bufs = options_.broadcast_buffers() ? buffers : std::vector<at::Tensor>{};
     detail::check_same_shapes(pg_, detail::shape_summary(params_, bufs), [this](size_t i) { return name(i); });
     detail::broadcast_from_rank0(pg_, params_, "DataParallel parameter broadcast");
     if (!bufs.empty()) detail::broadcast_from_rank0(pg_, bufs, "DataParallel buffer broadcast");
+    buckets_.emplace(pg_, params_, compress());
+    buckets_->lay_out(detail::initial_buckets(params_));
     hooks_.assign(params_.size(), kNoHook);
-    for (auto& ids : detail::assign_buckets(params_, options_.bucket_cap_mb() * 1024.0 * 1024.0)) {
-      detail::Bucket b;
-      int64_t numel = 0;
-      for (size_t j : ids) {
-        b.offsets.push_back(numel);
-        numel += params_[j].numel();
-      }
-      b.flat = at::zeros({numel}, params_[ids.front()].options().requires_grad(false));
-      b.params = std::move(ids);
-      b.ready.assign(b.params.size(), false);
-      b.pending = b.params.size();
-      buckets_.push_back(std::move(b));
-    }
-    for (size_t bi = 0; bi < buckets_.size(); ++bi)
-      for (size_t k = 0; k < buckets_[bi].params.size(); ++k) {
-        const size_t j = buckets_[bi].params[k];
-        if (params_[j].requires_grad())
-          hooks_[j] = params_[j].register_hook([this, bi, k](const at::Tensor& grad) { on_grad(bi, k, grad); });
-      }
+    for (size_t j = 0; j < params_.size(); ++j)
+      if (buckets_->holds(j))
+        hooks_[j] = params_[j].register_hook([this, j](const at::Tensor& grad) { on_grad(j, grad); });
   }
 
-  at::Tensor slot(detail::Bucket& b, size_t k) {
-    const at::Tensor& p = params_[b.params[k]];
-    return b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+  // After the first boundary (DDP: before the second forward): the layout
+  // from rank 0's gradient order, the same on every rank.
+  void rebuild() {
+    rebuilt_ = true;
+    const auto cap = static_cast<size_t>(options_.bucket_cap_mb() * 1024.0 * 1024.0);
+    // dist._DEFAULT_FIRST_BUCKET_BYTES; 2.6+ (not 1.13): the cap where bucket_cap_mb is given.
+    const size_t first = (libtorch_at_least(2, 6) && options_.bucket_cap_mb() != 25.0) ? cap : size_t{1} << 20;
+    const auto mine = detail::rebuilt_buckets(params_, arrival_, first, cap);
+    buckets_->lay_out(detail::sync_buckets(pg_, mine, arrival_.size()));
+    arrival_.clear();
   }
 
-  // grad: this backward's contribution (undefined: none); the bucket gets the
-  // value .grad will hold after accumulation (earlier micro-batches + grad),
-  // times 1/N without compression, as torch's reducer copies it in
-  // (mark_variable_ready_dense: at::mul_out(bucket_view, grad,
-  // wrapped_scalar_tensor(1.0 / N))); with compression, as it is (the
-  // reducer's copy_ when a comm hook is registered). No gradient at all:
-  // zeros (the reducer's zero_()).
-  void fill(detail::Bucket& b, size_t k, const at::Tensor& grad) {
-    at::NoGradGuard no_grad;
-    const at::Tensor& p = params_[b.params[k]];
-    at::Tensor s = slot(b, k);
-    const at::Tensor old = p.grad();
-    if (!grad.defined() && !old.defined()) {
-      s.zero_();
-    } else {
-      // .grad after this backward: AccumulateGrad's old + grad (summed into
-      // the slot), or the one that is defined.
-      at::Tensor g = grad.defined() ? grad : old;
-      if (grad.defined() && old.defined()) g = at::add_out(s, old, grad);
-      if (options_.compression() != GradCompression::kNone) {
-        if (!g.is_same(s)) s.copy_(g);
-      } else {
-        // World size 1 multiplies by 1.0: exact, .grad as without DataParallel.
-        at::mul_out(s, g, at::native::wrapped_scalar_tensor(1.0 / static_cast<double>(pg_.world_size())));
-      }
-    }
-    b.ready[k] = true;
-    --b.pending;
-  }
-
-  void on_grad(size_t bucket, size_t k, const at::Tensor& grad) {
+  void on_grad(size_t j, const at::Tensor& grad) {
     if (!active_) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& b = buckets_[bucket];
-    TORCH_CHECK(!b.ready[k], "amp: DataParallel: parameter ", name(b.params[k]),
+    TORCH_CHECK(!buckets_->has(j), "amp: DataParallel: parameter ", name(j),
                 " received two gradients in one backward; call backward once per micro-batch");
-    TORCH_CHECK(!grad.is_sparse(), "amp: DataParallel: sparse gradients are not supported (parameter ",
-                name(b.params[k]), ")");
-    fill(b, k, grad);
-    if (options_.overlap()) launch_ready();
-  }
-
-  // Launches ready buckets in index order (the same order on every rank).
-  void launch_ready() {
-    while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
-      auto& b = buckets_[next_++];
-      at::NoGradGuard no_grad;
-      if (options_.compression() == GradCompression::kNone) {
-        b.comm = b.flat;  // already times 1/N (fill)
-      } else {
-        // fp16_compress_hook / bf16_compress_hook (torch/distributed/algorithms/
-        // ddp_comm_hooks/default_hooks.py): buffer.to(dtype).div_(world_size),
-        // the integer world size, in the wire dtype.
-        const auto dt = options_.compression() == GradCompression::kFp16 ? at::kHalf : at::kBFloat16;
-        b.comm = b.flat.to(dt);
-        b.comm.div_(static_cast<int64_t>(pg_.world_size()));
-      }
-      // A dtype this LibTorch's Gloo lacks (16-bit gradients on some builds):
-      // an fp32 copy is summed; finish_backward rounds it back once.
-      const c10::ScalarType wire = pg_.wire_dtype(b.comm);
-      if (wire != b.comm.scalar_type()) b.comm = b.comm.to(wire);
-      b.work = pg_.start_allreduce(b.comm, "gradient all-reduce");
-      ++allreduces_;
-    }
+    TORCH_CHECK(!grad.is_sparse(), "amp: DataParallel: sparse gradients are not supported (parameter ", name(j), ")");
+    if (!rebuilt_) arrival_.push_back(j);  // DDP's push_rebuilt_params
+    buckets_->add(j, grad);
+    if (options_.overlap()) buckets_->launch_ready();
   }
 
   ProcessGroup pg_;
@@ -366,12 +271,12 @@ class DataParallel : public GradientSync {
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   std::vector<unsigned> hooks_;
-  std::vector<detail::Bucket> buckets_;
+  std::optional<detail::GradientBuckets> buckets_;  // made in setup(), after the checks
+  std::vector<size_t> arrival_;                     // the first boundary's gradient order
+  bool rebuilt_ = false;
   std::function<void()> uninstall_;
   std::mutex mutex_;
-  size_t next_ = 0;
   bool active_ = false;
-  std::atomic<int64_t> allreduces_{0};
   std::vector<detail::RngStates> gathered_rng_;  // every rank's, between gather_rng() and the save
 };
 

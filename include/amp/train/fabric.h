@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -300,6 +301,7 @@ class Fabric {
     torch::serialize::OutputArchive archive =
         detail::checkpoint_archive(precision_name, CheckpointCounters{steps_, 0, 0}, modules, optimizers, scaler_);
     float8_.write(archive);
+    detail::write_sync_state(archive, sync_);
     if (options_.rng_state()) detail::write_rng(archive, sync_);
     return archive;
   }
@@ -315,10 +317,12 @@ class Fabric {
     std::vector<torch::optim::Optimizer*> optimizers;
     for (const auto& m : models_) modules.push_back(m.get());
     for (const auto& part : parts_) optimizers.push_back(&part->optimizer());
-    std::optional<detail::RngStates> rng;  // checked before anything changes
+    std::optional<detail::RngStates> rng;  // checked before anything changes, as the GradientSync's entries
     if (options_.rng_state()) rng = detail::read_rng(archive, detail::rng_prefix(sync_));
+    const std::function<void()> install_sync = detail::read_sync_state(archive, sync_);
     steps_ = detail::apply_checkpoint(archive, modules, optimizers, scaler_).step;
     float8_.read(archive);
+    install_sync();
     if (rng) detail::restore_rng(*rng);
     std::fill(backward_.begin(), backward_.end(), false);
   }

@@ -17,6 +17,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -67,6 +68,15 @@ class GradientSync {
     detail::write_rng(archive, detail::capture_rng(), "amp/rng/");
   }
   virtual std::string rng_prefix() const { return "amp/rng/"; }
+  // Checkpoints: entries of its own that a resumed run needs in order to go on
+  // as the uninterrupted one (DataParallel: its rebuilt bucket layout).
+  // read_state() checks the archive's (an amp: error changes nothing) and
+  // returns what installs them, which load() calls once the rest has loaded.
+  virtual void write_state(torch::serialize::OutputArchive& archive) const { (void)archive; }
+  virtual std::function<void()> read_state(torch::serialize::InputArchive& archive) {
+    (void)archive;
+    return [] {};
+  }
 };
 
 namespace detail {
@@ -79,6 +89,15 @@ inline void write_rng(torch::serialize::OutputArchive& archive, const GradientSy
   }
 }
 inline std::string rng_prefix(const GradientSync* sync) { return sync != nullptr ? sync->rng_prefix() : "amp/rng/"; }
+// A GradientSync's own checkpoint entries (none without one); reading
+// checks them and returns what installs them.
+inline void write_sync_state(torch::serialize::OutputArchive& archive, const GradientSync* sync) {
+  if (sync != nullptr) sync->write_state(archive);
+}
+inline std::function<void()> read_sync_state(torch::serialize::InputArchive& archive, GradientSync* sync) {
+  if (sync == nullptr) return [] {};
+  return sync->read_state(archive);
+}
 // T has a Stepper (a Trainer), not a GradientSync of its own (a Fabric).
 template <class T, class = void>
 struct has_stepper : std::false_type {};

@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -319,6 +320,7 @@ class Trainer {
         detail::checkpoint_archive(precision_name, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
     float8_.write(archive);
     user_state_.write(archive);
+    detail::write_sync_state(archive, stepper_.gradient_sync());
     if (options_.rng_state()) {
       detail::write_rng(archive, stepper_.gradient_sync());
       if (batch_in_epoch_ > 0 && epoch_start_rng_.defined())
@@ -338,8 +340,9 @@ class Trainer {
       Stepper<scaler_type>& s;
       ~Reload() { s.reload_optimizer_state(); }
     } reload{stepper_};
-    // The user's and the generators' entries checked before anything changes.
+    // The user's, the GradientSync's and the generators' entries checked before anything changes.
     const UserState::Pending user = user_state_.check(archive);
+    const std::function<void()> install_sync = detail::read_sync_state(archive, stepper_.gradient_sync());
     std::optional<detail::RngStates> rng;
     at::Tensor epoch_start;
     if (options_.rng_state()) {
@@ -354,6 +357,7 @@ class Trainer {
     const CheckpointCounters c = detail::apply_checkpoint(archive, *module_, stepper_.optimizer(), stepper_.scaler());
     float8_.read(archive);
     user.apply();
+    install_sync();
     if (rng) detail::restore_rng(*rng);
     epoch_start_rng_ = epoch_start;
     resume_rng_ = epoch_start.defined() && rng ? rng->cpu : at::Tensor();

@@ -1,6 +1,7 @@
 // amp/distributed/detail/data_parallel_impl.h: DataParallel's construction helpers
-// (amp/distributed.h): the cross-rank shape check, rank 0's broadcast, and
-// the bucket assignment.
+// (amp/distributed.h): the checks on its parameters, the cross-rank shape
+// check, rank 0's broadcast; and the gather of every rank's generators for a
+// checkpoint. Its buckets: detail/bucket_layout.h, detail/gradient_buckets.h.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,6 +19,44 @@
 #include "amp/train/rng_state.h"
 
 namespace amp::detail {
+
+// DataParallel's parameters: defined, floating point, on one device that its
+// process group serves; compress (the compress hook's dtype, if any) one
+// that this Gloo takes, for a CPU model. name(i): how messages name parameter i.
+inline void check_model(const ProcessGroup& pg, const std::vector<at::Tensor>& params,
+                        std::optional<c10::ScalarType> compress, const std::function<std::string(size_t)>& name) {
+  TORCH_CHECK(!params.empty(), "amp: DataParallel needs the model's parameters; got none");
+  for (size_t i = 0; i < params.size(); ++i)
+    TORCH_CHECK(params[i].defined(), "amp: DataParallel: parameter ", name(i),
+                " is undefined; pass the model's parameters");
+  const c10::Device device = params.front().device();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    TORCH_CHECK(p.device() == device, "amp: DataParallel: parameter ", name(i), " is on ", p.device(), " but ", name(0),
+                " is on ", device, "; put the whole model on one device (model->to(pg.device()))");
+    TORCH_CHECK(at::isFloatingType(p.scalar_type()), "amp: DataParallel: parameter ", name(i), " is ", p.scalar_type(),
+                ", not floating point");
+  }
+  if (device.is_cuda()) {
+    pg.require_cuda("DataParallel's model (parameter " + name(0) + ")");
+    return;
+  }
+  TORCH_CHECK(device.is_cpu(), "amp: DataParallel: the model is on ", device,
+              "; amp trains CPU (Gloo) and CUDA (NCCL) models across processes: move it to one of them");
+  TORCH_CHECK(pg.backend() != Backend::kNccl,
+              "amp: DataParallel: the model is on CPU but "
+              "ProcessGroupOptions::backend is kNccl (CUDA tensors only); move the model to pg.device() or "
+              "use Backend::kAuto or kGloo");
+  if (compress) {
+    const bool half = *compress == at::kHalf;
+    const bool other = pg.gloo_takes(half ? at::kBFloat16 : at::kHalf);  // what this Gloo does take
+    TORCH_CHECK(pg.gloo_takes(*compress), "amp: DataParallelOptions::compression(", half ? "kFp16" : "kBf16",
+                ") on CPU needs a Gloo that takes ", half ? "Half" : "BFloat16", "; this LibTorch's Gloo takes ",
+                other ? (half ? "BFloat16 only" : "Half only") : "neither",
+                " (a build option of Gloo): use GradCompression::kNone",
+                other ? (half ? " or kBf16" : " or kFp16") : "");
+  }
+}
 
 // [n_params, n_buffers, then per tensor: dtype, ndim, sizes...]
 inline std::vector<int64_t> shape_summary(const std::vector<at::Tensor>& params,
@@ -95,27 +135,6 @@ inline void broadcast_from_rank0(const ProcessGroup& pg, const std::vector<at::T
       off += t.numel();
     }
   }
-}
-
-// Parameters in reverse order (about the order backward produces their
-// gradients, as torch's DDP assumes), cut into same-dtype buckets of at most
-// cap_bytes (a larger parameter gets a bucket of its own).
-inline std::vector<std::vector<size_t>> assign_buckets(const std::vector<at::Tensor>& params, double cap_bytes) {
-  std::vector<std::vector<size_t>> buckets;
-  double bytes = 0;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  for (size_t j = params.size(); j-- > 0;) {
-    const auto& p = params[j];
-    const double size = static_cast<double>(p.numel()) * static_cast<double>(p.element_size());
-    if (buckets.empty() || p.scalar_type() != dtype || bytes + size > cap_bytes) {
-      buckets.emplace_back();
-      bytes = 0;
-      dtype = p.scalar_type();
-    }
-    buckets.back().push_back(j);
-    bytes += size;
-  }
-  return buckets;
 }
 
 // Every rank's generator states (the same number of bytes on every rank for
