@@ -9,10 +9,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <amp/detail/parallel.h>
 #include <amp/optim/detail/lowbit_fused_step.h>
 #include <amp/optim/low_bit_adam.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -240,6 +247,31 @@ TEST(LowBitFusedStep, VectorSearchesFindTorchaosCodes) {
     }
 }
 #endif
+
+// amp's own loops run on LibTorch's threads without -fopenmp too
+// (detail/parallel.h): every index once, on more than one thread, exceptions
+// reach the caller.
+TEST(ParallelChunks, EveryIndexOnceOnSeveralThreads) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(std::max(threads, 2));
+  std::vector<std::atomic<int>> seen(1000);
+  std::mutex mutex;
+  std::set<std::thread::id> ids;
+  amp::detail::parallel_chunks(1000, 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) ++seen[static_cast<size_t>(i)];
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // long enough for a second thread to take a chunk
+    std::lock_guard<std::mutex> lock(mutex);
+    ids.insert(std::this_thread::get_id());
+  });
+  for (const auto& s : seen) ASSERT_EQ(s.load(), 1);
+  EXPECT_GE(ids.size(), 2u);
+  EXPECT_THROW(amp::detail::parallel_chunks(1000, 16,
+                                            [](int64_t b, int64_t) {
+                                              if (b > 0) throw std::runtime_error("chunk");
+                                            }),
+               std::runtime_error);
+  at::set_num_threads(threads);
+}
 
 // Blocks are written in parallel: the bits do not depend on the thread count.
 TEST(LowBitFusedStep, ThreadCountDoesNotChangeTheBits) {

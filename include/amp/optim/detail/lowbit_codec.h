@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "amp/detail/compat_float8.h"
+#include "amp/detail/parallel.h"
 #include "amp/optim/state_format.h"
 
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
@@ -202,7 +203,7 @@ inline std::pair<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& flat, co
   float* s = scale.data_ptr<float>();
   const StateFormat format = four_bit ? StateFormat::kInt4 : StateFormat::kInt8;
   const int64_t block_bytes = four_bit ? block_size / 2 : block_size;
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+  parallel_chunks(blocks, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       quantize_block(x + b * block_size, block_size, format, m, levels, c + b * block_bytes, s + b);
   });
@@ -218,7 +219,7 @@ inline at::Tensor dequantize_cpu(const at::Tensor& codes, const at::Tensor& map,
   const uint8_t* c = codes_c.data_ptr<uint8_t>();
   const float* s = scale_c.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, scale.numel(), 16, [&](int64_t b0, int64_t b1) {
+  parallel_chunks(scale.numel(), 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       for (int64_t k = b * block_size; k < (b + 1) * block_size; ++k) {
         const int code = !four_bit ? c[k] : (k % 2 == 0 ? c[k / 2] >> 4 : c[k / 2] & 15);

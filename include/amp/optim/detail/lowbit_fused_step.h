@@ -1,7 +1,7 @@
 // amp/optim/detail/lowbit_fused_step.h: the low-bit Adams' fused CPU step.
 // One pass per block reads the codes, the scale, the parameter and the
 // gradient, computes the new moments and the update, writes the parameter
-// and requantizes; blocks run in parallel (at::parallel_for).
+// and requantizes; blocks run in parallel (detail::parallel_chunks: at::parallel_for, or ATen's pool without -fopenmp).
 //
 //   detail::lowbit::FusedAdam k{...constants...};
 //   detail::lowbit::fused_adam_step(k, param, grad, moments, rand16);
@@ -412,7 +412,7 @@ void fused_adam_step(const FusedAdam& k, P* param, P* grad, int64_t numel, const
                      const MomentRef& vmax, const int32_t* rand16) {
   const int64_t blocks = numel / k.block_size;
   const Isa isa = cpu_isa();
-  at::parallel_for(0, blocks, /*grain_size=*/16, [&](int64_t b0, int64_t b1) {
+  parallel_chunks(blocks, /*grain=*/16, [&](int64_t b0, int64_t b1) {
     std::vector<float> buffer(static_cast<size_t>(4 * k.block_size));  // three moments' values, the codes
 #if AMP_DETAIL_LOWBIT_X86_CLONES
     if (isa == Isa::kAvx512) return adam_blocks_avx512(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data());
