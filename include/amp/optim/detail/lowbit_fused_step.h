@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "amp/detail/compat_float8.h"
@@ -170,17 +171,18 @@ C10_ALWAYS_INLINE float to_float(c10::BFloat16 v) { return static_cast<float>(v)
 // gradient). rand16: torchao's 16 random bits per element for bf16
 // stochastic rounding, or null. buffer: 3 * block_size floats. quantize: a
 // block's values to its scale and codes (quantize_moment_block or a vector twin).
-template <typename P, typename Quantize>
+template <typename P, typename Quantize, typename Pass>
 C10_ALWAYS_INLINE void adam_blocks(const FusedAdam& k, P* param, P* grad, const MomentRef& m, const MomentRef& v,
                                    const MomentRef& vmax, const int32_t* rand16, int64_t b0, int64_t b1, float* buffer,
-                                   Quantize quantize) {
+                                   Quantize quantize, Pass vector_pass) {
   const int64_t bs = k.block_size;
   float* m_new = buffer;
   float* v_new = buffer + bs;
   float* vmax_new = buffer + 2 * bs;
   for (int64_t b = b0; b < b1; ++b) {
     const float m_scale = m.scale[b], v_scale = v.scale[b], vmax_scale = k.amsgrad ? vmax.scale[b] : 0.f;
-    for (int64_t j = 0; j < bs; ++j) {
+    const bool done = vector_pass(k, param, grad, m, v, vmax, rand16, b, m_new, v_new, vmax_new);
+    for (int64_t j = 0; j < bs && !done; ++j) {
       const int64_t i = b * bs + j;
       float g = to_float(grad[i]);
       if (k.unscale) {  // grad.mul_(inv_scale), in the gradient's dtype
@@ -235,6 +237,15 @@ C10_ALWAYS_INLINE void adam_blocks(const FusedAdam& k, P* param, P* grad, const 
   }
 }
 
+// A block's first pass in vector code, or false (then the scalar loop runs).
+struct NoVectorPass {
+  template <typename P>
+  bool operator()(const FusedAdam&, P*, P*, const MomentRef&, const MomentRef&, const MomentRef&, const int32_t*,
+                  int64_t, float*, float*, float*) const {
+    return false;
+  }
+};
+
 struct QuantizePortable {
   void operator()(const float* x, int64_t n, const MomentRef& q, int64_t block) const {
     quantize_moment_block(x, n, q, block);
@@ -244,10 +255,17 @@ struct QuantizePortable {
 template <typename P>
 void adam_blocks_portable(const FusedAdam& k, P* param, P* grad, const MomentRef& m, const MomentRef& v,
                           const MomentRef& vmax, const int32_t* rand16, int64_t b0, int64_t b1, float* buffer) {
-  adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer, QuantizePortable{});
+  adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer, QuantizePortable{}, NoVectorPass{});
 }
 
 #if AMP_DETAIL_LOWBIT_X86_CLONES
+// GCC 12 warns inside its own AVX-512 intrinsics (their _mm512_undefined_*
+// operands) once they are inlined here.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 // nearest_code for 8 values at a time: the same comparisons, the probes
 // gathered. n is a multiple of 8; codes as int32.
 __attribute__((target("avx2,fma"))) inline void nearest_codes_avx2(const float* x, int64_t n, float scale,
@@ -362,6 +380,108 @@ struct QuantizeAvx512 {
   }
 };
 
+// fp8 codes as fp32 values (c10's conversion), a table for the vector pass.
+inline const float* fp8_values() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(256, 0.f);
+#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+    for (int c = 0; c < 256; ++c)
+      t[static_cast<size_t>(c)] =
+          static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(c), c10::Float8_e4m3fn::from_bits()));
+#endif
+    return t;
+  }();
+  return table.data();
+}
+
+// x as a rounded fp32 vector (rounded()'s twin).
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 rounded512(__m512 x) {
+  __asm__("" : "+v"(x));
+  return x;
+}
+
+// Moment q's values at elements [i, i + 16), fp32: the table entry times the block's scale.
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 dequantized16(const MomentRef& q, int64_t i, float scale,
+                                                                        const float* fp8) {
+  __m512i code;
+  __m512 value;
+  if (q.format == StateFormat::kInt4) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q.codes + i / 2));
+    const __m128i nibble = _mm_set1_epi8(15);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), low = _mm_and_si128(bytes, nibble);
+    code = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(high, low));  // element 2k: the high nibble of byte k
+    value = _mm512_maskz_permutexvar_ps(0xFFFF, code, _mm512_loadu_ps(q.map));
+  } else {
+    code = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q.codes + i)));
+    value = _mm512_i32gather_ps(code, q.format == StateFormat::kFp8 ? fp8 : q.map, 4);
+  }
+  return rounded512(_mm512_mul_ps(value, _mm512_set1_ps(scale)));
+}
+
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 lerp16(LerpRounding r, __m512 start, __m512 end, float w) {
+  const __m512 d = _mm512_sub_ps(end, start);
+  if (std::fabs(w) < 0.5f) {
+    const __m512 weight = _mm512_set1_ps(w);
+    return r == LerpRounding::kFma ? _mm512_fmadd_ps(weight, d, start)
+                                   : _mm512_add_ps(start, rounded512(_mm512_mul_ps(weight, d)));
+  }
+  return r == LerpRounding::kFma ? _mm512_fmadd_ps(_mm512_set1_ps(w - 1.f), d, end)
+                                 : _mm512_sub_ps(end, rounded512(_mm512_mul_ps(d, _mm512_set1_ps(1.f - w))));
+}
+
+// The scalar loop's arithmetic on 16 fp32 parameters at a time (bf16
+// parameters and stochastic rounding take the scalar loop).
+struct VectorPassAvx512 {
+  template <typename P>
+  __attribute__((target("avx512f,avx2,fma"))) bool operator()(const FusedAdam& k, P* param, P* grad, const MomentRef& m,
+                                                              const MomentRef& v, const MomentRef& vmax,
+                                                              const int32_t* rand16, int64_t b, float* m_new,
+                                                              float* v_new, float* vmax_new) const {
+    if (!std::is_same<P, float>::value || rand16 != nullptr || k.block_size % 16 != 0) return false;
+    float* pf = reinterpret_cast<float*>(param);
+    float* gf = reinterpret_cast<float*>(grad);
+    const float* fp8 = fp8_values();
+    const float m_scale = m.scale[b], v_scale = v.scale[b], vmax_scale = k.amsgrad ? vmax.scale[b] : 0.f;
+    const __m512 inv_scale = _mm512_set1_ps(k.inv_scale), lr_wd = _mm512_set1_ps(k.lr_wd), wd = _mm512_set1_ps(k.wd);
+    const __m512 bc1 = _mm512_set1_ps(k.bias_correction1), bc2 = _mm512_set1_ps(k.bias_correction2_sqrt);
+    const __m512 eps = _mm512_set1_ps(k.eps), lr = _mm512_set1_ps(k.lr), nan = _mm512_set1_ps(k.maximum_nan);
+    for (int64_t j = 0; j < k.block_size; j += 16) {
+      const int64_t i = b * k.block_size + j;
+      __m512 g = _mm512_loadu_ps(gf + i);
+      if (k.unscale) {
+        g = rounded512(_mm512_mul_ps(g, inv_scale));
+        _mm512_storeu_ps(gf + i, g);
+      }
+      __m512 p = _mm512_loadu_ps(pf + i);
+      if (k.adamw) {
+        p = _mm512_sub_ps(p, rounded512(_mm512_mul_ps(p, lr_wd)));
+      } else {
+        g = _mm512_add_ps(rounded512(_mm512_mul_ps(p, wd)), g);
+      }
+      const __m512 mv = lerp16(k.lerp, dequantized16(m, i, m_scale, fp8), g, k.w1);
+      const __m512 g2 = rounded512(_mm512_mul_ps(g, g));
+      const __m512 vv = lerp16(k.lerp, dequantized16(v, i, v_scale, fp8), g2, k.w2);
+      __m512 denom;
+      if (k.amsgrad) {
+        const __m512 old = dequantized16(vmax, i, vmax_scale, fp8);
+        const __mmask16 unordered = _mm512_cmp_ps_mask(old, vv, _CMP_UNORD_Q);
+        const __m512 mx = _mm512_mask_blend_ps(unordered, _mm512_max_ps(old, vv), nan);  // at::maximum
+        _mm512_storeu_ps(vmax_new + j, mx);
+        denom = _mm512_sqrt_ps(mx);
+      } else {
+        denom = _mm512_sqrt_ps(vv);
+      }
+      denom = _mm512_add_ps(_mm512_div_ps(denom, bc2), eps);
+      __m512 update = rounded512(_mm512_mul_ps(_mm512_div_ps(mv, bc1), lr));
+      update = _mm512_div_ps(update, denom);
+      _mm512_storeu_ps(pf + i, _mm512_sub_ps(p, update));
+      _mm512_storeu_ps(m_new + j, mv);
+      _mm512_storeu_ps(v_new + j, vv);
+    }
+    return true;
+  }
+};
+
 // The same loop compiled for AVX2 with FMA: std::fma is one instruction and
 // the compiler may vectorize; every operation rounds as in the portable one.
 template <typename P>
@@ -370,7 +490,7 @@ __attribute__((target("avx2,fma"))) void adam_blocks_avx2(const FusedAdam& k, P*
                                                           const int32_t* rand16, int64_t b0, int64_t b1,
                                                           float* buffer) {
   adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer,
-              QuantizeAvx2{reinterpret_cast<int32_t*>(buffer + 3 * k.block_size)});
+              QuantizeAvx2{reinterpret_cast<int32_t*>(buffer + 3 * k.block_size)}, NoVectorPass{});
 }
 
 // The same loop again with the AVX-512 search.
@@ -380,9 +500,12 @@ __attribute__((target("avx512f,avx2,fma"))) void adam_blocks_avx512(const FusedA
                                                                     const MomentRef& vmax, const int32_t* rand16,
                                                                     int64_t b0, int64_t b1, float* buffer) {
   adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer,
-              QuantizeAvx512{reinterpret_cast<int32_t*>(buffer + 3 * k.block_size)});
+              QuantizeAvx512{reinterpret_cast<int32_t*>(buffer + 3 * k.block_size)}, VectorPassAvx512{});
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif  // AMP_DETAIL_LOWBIT_X86_CLONES
 
 // The vector ISA the fused step uses: the best this CPU has, at most
