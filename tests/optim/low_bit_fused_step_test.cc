@@ -236,7 +236,9 @@ TEST(LowBitFusedStep, VectorSearchesFindTorchaosCodes) {
       const int best = static_cast<int>(lb::cpu_isa());
       for (int isa = 1; isa <= best; ++isa) {
         if (isa == 2) {
-          lb::nearest_codes_avx512(x.data(), static_cast<int64_t>(x.size()), 1.f, m, levels, codes.data());
+          alignas(64) float columns[272];
+          lb::map_columns(m, levels, columns);
+          lb::nearest_codes_avx512(x.data(), static_cast<int64_t>(x.size()), 1.f, m, levels, columns, codes.data());
         } else {
           lb::nearest_codes_avx2(x.data(), static_cast<int64_t>(x.size()), 1.f, m, levels, codes.data());
         }

@@ -123,10 +123,21 @@ struct MomentRef {
   StateFormat format = StateFormat::kFloat;
   const float* map = nullptr;  // 8-/4-bit lookup table
   int64_t levels = 0;
-  uint8_t* codes = nullptr;  // 8-bit: one per element; 4-bit: two per byte; fp8: e4m3fn bytes
-  float* scale = nullptr;    // one per block
-  bool ascending = false;    // map strictly ascending: the vector searches apply
+  uint8_t* codes = nullptr;        // 8-bit: one per element; 4-bit: two per byte; fp8: e4m3fn bytes
+  float* scale = nullptr;          // one per block
+  bool ascending = false;          // map strictly ascending: the vector searches apply
+  const float* columns = nullptr;  // the map as 17 columns of 16 (map_columns), for the AVX-512 search
 };
+
+// columns[16 j + h] = m[16 h + j] (j < 16), columns[256 + h] = m[min(16 (h + 1), levels - 1)]; rows past
+// the map's are 0. 272 floats, 64-byte aligned.
+inline void map_columns(const float* m, int64_t levels, float* columns) {
+  const int64_t rows = levels / 16;
+  for (int64_t h = 0; h < 16; ++h) {
+    for (int64_t j = 0; j < 16; ++j) columns[16 * j + h] = h < rows ? m[16 * h + j] : 0.f;
+    columns[256 + h] = h < rows ? m[std::min<int64_t>(16 * (h + 1), levels - 1)] : 0.f;
+  }
+}
 
 inline bool strictly_ascending(const float* m, int64_t n) {
   for (int64_t i = 1; i < n; ++i)
@@ -296,66 +307,87 @@ __attribute__((target("avx2,fma"))) inline void nearest_codes_avx2(const float* 
 // 4-bit: 16; the map strictly ascending, as create_dynamic_map and
 // linspace make it). The binary search's result is the count of entries
 // m[1..] <= v; it is counted over the map as a 16 x 16 matrix, the row by its
-// first entries, the column by the row's entries permuted into each lane.
+// first entries, the column by the row's entries permuted into each lane
+// (`columns`, map_columns()).
 __attribute__((target("avx512f,avx2,fma"))) inline void nearest_codes_avx512(const float* x, int64_t n, float scale,
                                                                              const float* m, int64_t levels,
-                                                                             int32_t* codes) {
+                                                                             const float* columns, int32_t* codes) {
   const int64_t rows = levels / 16;  // 16 or 1
-  alignas(64) float column[17][16];  // column[j][h] = m[16 h + j]; column[16][h] = m[min(16 (h + 1), levels - 1)]
-  for (int64_t h = 0; h < 16; ++h) {
-    for (int64_t j = 0; j < 16; ++j) column[j][h] = h < rows ? m[16 * h + j] : 0.f;
-    column[16][h] = h < rows ? m[std::min<int64_t>(16 * (h + 1), levels - 1)] : 0.f;
-  }
   const __m512 divisor = _mm512_set1_ps(scale), half = _mm512_set1_ps(0.5f);
   const __m512i one = _mm512_set1_epi32(1), sixteen = _mm512_set1_epi32(16);
+  const __m512i last = _mm512_set1_epi32(static_cast<int32_t>(levels - 1));
   for (int64_t i = 0; i < n; i += 16) {
     const __m512 v = _mm512_div_ps(_mm512_loadu_ps(x + i), divisor);
     __m512i row = _mm512_setzero_si512();
     for (int64_t h = 1; h < rows; ++h)
       row = _mm512_mask_add_epi32(row, _mm512_cmp_ps_mask(v, _mm512_set1_ps(m[16 * h]), _CMP_GE_OQ), row, one);
     __m512i code = _mm512_mullo_epi32(row, sixteen);
-    __m512 down = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(column[0]));
-    __m512 up = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(column[16]));
-    for (int64_t j = 15; j >= 1; --j) {
-      const __m512 entry = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(column[j]));
+    __m512 down = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(columns));
+    __m512 up = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(columns + 16 * 16));
+    __mmask16 below = 0xFFFF;  // lanes whose entries so far are all <= v (the row is ascending)
+    for (int64_t j = 1; j < 16; ++j) {
+      const __m512 entry = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(columns + 16 * j));
       const __mmask16 ge = _mm512_cmp_ps_mask(v, entry, _CMP_GE_OQ);
       code = _mm512_mask_add_epi32(code, ge, code, one);
-      up = _mm512_mask_blend_ps(ge, entry, up);  // the smallest entry > v
-    }
-    for (int64_t j = 1; j < 16; ++j) {
-      const __m512 entry = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(column[j]));
-      down = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, entry, _CMP_GE_OQ), down, entry);  // the largest <= v
+      down = _mm512_mask_blend_ps(ge, down, entry);                               // the largest entry <= v
+      up = _mm512_mask_blend_ps(static_cast<__mmask16>(below & ~ge), up, entry);  // the first entry > v
+      below = static_cast<__mmask16>(below & ge);
     }
     const __m512 residual = _mm512_sub_ps(v, down);
     const __m512 half_gap = _mm512_mul_ps(_mm512_sub_ps(up, down), half);
     const __mmask16 take_up =
-        _mm512_cmp_ps_mask(residual, half_gap, _CMP_GE_OQ) &
-        _mm512_cmp_epi32_mask(code, _mm512_set1_epi32(static_cast<int32_t>(levels - 1)), _MM_CMPINT_LT);
+        _mm512_cmp_ps_mask(residual, half_gap, _CMP_GE_OQ) & _mm512_cmp_epi32_mask(code, last, _MM_CMPINT_LT);
     code = _mm512_mask_add_epi32(code, take_up, code, one);
     _mm512_storeu_si512(codes + i, code);
   }
 }
 
 // quantize_block with the search above (8-/4-bit; fp8 as quantize_block).
+// The absmax of n values (a multiple of 16) as quantize_block's loop finds it:
+// NaNs set *nan and are skipped (max_ps returns its second operand for a NaN).
+__attribute__((target("avx512f,avx2,fma"))) inline float absmax_avx512(const float* x, int64_t n, bool* nan) {
+  __m512 acc = _mm512_setzero_ps();
+  __mmask16 unordered = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    unordered = static_cast<__mmask16>(unordered | _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q));
+    acc = _mm512_max_ps(a, acc);
+  }
+  *nan = unordered != 0;
+  return _mm512_reduce_max_ps(acc);
+}
+
+// n codes (int32, each < 256) to bytes.
+__attribute__((target("avx512f,avx2,fma"))) inline void bytes_avx512(const int32_t* codes, int64_t n, uint8_t* out) {
+  for (int64_t i = 0; i < n; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(_mm512_loadu_si512(codes + i)));
+}
+
 template <bool Avx512>
 C10_ALWAYS_INLINE void quantize_moment_block_vector(const float* x, int64_t n, const MomentRef& q, int64_t block,
                                                     int32_t* scratch) {
   if (q.format == StateFormat::kFp8 || n % 16 != 0 || !q.ascending) return quantize_moment_block(x, n, q, block);
   float amax = 0.f;
   bool nan = false;
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    nan = nan || std::isnan(a);
-    amax = a > amax ? a : amax;
+  if (Avx512) {
+    amax = absmax_avx512(x, n, &nan);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = std::fabs(x[i]);
+      nan = nan || std::isnan(a);
+      amax = a > amax ? a : amax;
+    }
   }
   const float clipped = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, static_cast<float>(1e-12));
   q.scale[block] = clipped;
   if (Avx512) {
-    nearest_codes_avx512(x, n, clipped, q.map, q.levels, scratch);
+    nearest_codes_avx512(x, n, clipped, q.map, q.levels, q.columns, scratch);
   } else {
     nearest_codes_avx2(x, n, clipped, q.map, q.levels, scratch);
   }
-  if (q.format == StateFormat::kInt8) {
+  if (q.format == StateFormat::kInt8 && Avx512) {
+    bytes_avx512(scratch, n, q.codes + block * n);
+  } else if (q.format == StateFormat::kInt8) {
     uint8_t* c = q.codes + block * n;
     for (int64_t i = 0; i < n; ++i) c[i] = static_cast<uint8_t>(scratch[i]);
   } else {
@@ -590,10 +622,20 @@ inline void fused_adam_param(const AdamHyper& h, const at::Tensor& p, at::Tensor
   std::memcpy(&k.maximum_nan, &aten.maximum_nan, sizeof(float));
   k.block_size = h.block_size;
   const int32_t* r = rand16.defined() ? rand16.data_ptr<int32_t>() : nullptr;
+  alignas(64) float columns[3][272];
+  MomentRef moments[3] = {m, v, vmax};
+  for (int q = 0; q < 3; ++q)
+    if (moments[q].map != nullptr && moments[q].levels % 16 == 0) {
+      map_columns(moments[q].map, moments[q].levels, columns[q]);
+      moments[q].columns = columns[q];
+    } else {
+      moments[q].ascending = false;  // no vector search
+    }
   if (bf16) {
-    fused_adam_step(k, p.data_ptr<at::BFloat16>(), grad.data_ptr<at::BFloat16>(), p.numel(), m, v, vmax, r);
+    fused_adam_step(k, p.data_ptr<at::BFloat16>(), grad.data_ptr<at::BFloat16>(), p.numel(), moments[0], moments[1],
+                    moments[2], r);
   } else {
-    fused_adam_step(k, p.data_ptr<float>(), grad.data_ptr<float>(), p.numel(), m, v, vmax, r);
+    fused_adam_step(k, p.data_ptr<float>(), grad.data_ptr<float>(), p.numel(), moments[0], moments[1], moments[2], r);
   }
   step_count.copy_(step);
 }
