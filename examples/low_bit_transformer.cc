@@ -34,6 +34,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -112,6 +113,7 @@ torch::Tensor make_data() {
 struct Result {
   double loss = 0;             // mean training loss of the last kLastSteps steps
   double bytes_per_param = 0;  // optimizer state bytes / parameters
+  double ms_per_step = 0;      // wall clock of a whole training step, the first kLastSteps aside
 };
 
 template <class Optimizer>
@@ -122,7 +124,10 @@ Result train(const torch::Tensor& data, int steps) {
   using Policy = amp::Mixed<amp::bf16, amp::NoScaler>;
   amp::Trainer<Policy, amp::CPU> trainer(model, optimizer, amp::TrainerOptions().progress(false));
   std::vector<double> losses;
+  const int64_t warmup = steps > 2 * kLastSteps ? kLastSteps : 0;
+  auto start = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < steps; ++step) {
+    if (step == warmup) start = std::chrono::steady_clock::now();
     const auto batch = data.narrow(0, (step * kBatch) % kSequences, kBatch);
     const auto input = batch.narrow(1, 0, kSeq), target = batch.narrow(1, 1, kSeq);
     auto loss = [&](auto& /*region*/) {
@@ -130,11 +135,13 @@ Result train(const torch::Tensor& data, int steps) {
     };
     losses.push_back(trainer.step(loss).loss_value());
   }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   const auto last = std::min<size_t>(losses.size(), kLastSteps);
   double sum = 0;
   for (size_t i = losses.size() - last; i < losses.size(); ++i) sum += losses[i];
   return {sum / static_cast<double>(last),
-          static_cast<double>(amp::optimizer_state_bytes(optimizer)) / amp::parameter_count(optimizer)};
+          static_cast<double>(amp::optimizer_state_bytes(optimizer)) / amp::parameter_count(optimizer),
+          ms / static_cast<double>(steps - warmup)};
 }
 
 }  // namespace
@@ -171,8 +178,8 @@ int main(int argc, char** argv) {
   bool finite = true;
   auto report = [&](const char* name, const Result& r) {
     finite = finite && std::isfinite(r.loss);
-    std::printf("low_bit_transformer: %s final loss %.4f (%+.1f%% vs AdamW), %.2f state bytes/param\n", name, r.loss,
-                (r.loss / adamw.loss - 1) * 100, r.bytes_per_param);
+    std::printf("low_bit_transformer: %s final loss %.4f (%+.1f%% vs AdamW), %.2f state bytes/param, %.2f ms/step\n",
+                name, r.loss, (r.loss / adamw.loss - 1) * 100, r.bytes_per_param, r.ms_per_step);
     std::fflush(stdout);
   };
   report("AdamW", adamw);

@@ -75,7 +75,7 @@ case "$name" in
     cat out.txt
     grep -qE '^low_bit_transformer: LibTorch [0-9]+\.[0-9]+, [0-9]+ parameters, 30 steps$' out.txt || fail "header line"
     for o in AdamW AdamW8bit AdamW4bit; do
-      grep -qE "^low_bit_transformer: $o final loss [0-9]+\.[0-9]+ \([+-][0-9.]+% vs AdamW\), [0-9.]+ state bytes/param\$" \
+      grep -qE "^low_bit_transformer: $o final loss [0-9]+\.[0-9]+ \([+-][0-9.]+% vs AdamW\), [0-9.]+ state bytes/param, [0-9.]+ ms/step\$" \
         out.txt || fail "no line for $o"
     done
     if "$bin" --steps=0 >bad.txt 2>&1; then fail "--steps=0 accepted"; fi

@@ -112,7 +112,8 @@ template <class Opt>
 void fused_equals_ops(const Case& c) {
   using Options = typename Opt::Options;
   const int64_t bs = Opt::kDefaultBlockSize;
-  const std::vector<int64_t> shapes[] = {{64, 8 * bs / 8}, {48, bs}, {100}};  // the last keeps plain states
+  // Two quantized; two plain (under 4096 elements, or not a multiple of the block size), both with a short last block.
+  const std::vector<int64_t> shapes[] = {{64, bs}, {48, bs}, {300}, {4100}};
   std::vector<at::Tensor> fused_params, op_params;
   torch::manual_seed(3);
   for (const auto& shape : shapes) {
@@ -160,9 +161,16 @@ void fused_equals_ops(const Case& c) {
       }
       lerps_ops = LerpCalls::count();
     }
-    // The small tensor takes the ATen ops on both; the two large ones lerp only on the op path.
+    // Each parameter the fused step takes lerps twice on the op path only (plain
+    // states of bf16 parameters take the ATen ops on both).
+    int64_t fused_here = 0;
+    for (size_t i = 0; i < fused_params.size(); ++i) {
+      const bool plain = fused.format_for(fused_params[i]) == StateFormat::kFloat;
+      EXPECT_EQ(fused.takes_fused_step(fused_params[i]), !plain || c.dtype == at::kFloat) << c.name() << " " << i;
+      fused_here += fused.takes_fused_step(fused_params[i]) ? 1 : 0;
+    }
     if (!skip) {
-      EXPECT_EQ(lerps_ops - lerps_fused, 2 * 2) << c.name();
+      EXPECT_EQ(lerps_ops - lerps_fused, 2 * fused_here) << c.name();
     }
     for (size_t i = 0; i < fused_params.size(); ++i) {
       EXPECT_TRUE(same_bits(fused_params[i], op_params[i])) << c.name() << " step " << step << " parameter " << i;

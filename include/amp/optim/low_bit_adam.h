@@ -167,10 +167,11 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
   // quantized states, and ATen's lerp rounding known on this machine.
   bool takes_fused_step(const at::Tensor& p) const {
     const at::Tensor& grad = p.grad();
-    return low_bit_.fused() && p.device().is_cpu() &&
-           (p.scalar_type() == at::kFloat || p.scalar_type() == at::kBFloat16) && p.is_contiguous() &&
+    const bool bf16 = p.scalar_type() == at::kBFloat16;
+    // Plain states (small tensors) are fused for fp32 parameters, whose plain moments are fp32.
+    return low_bit_.fused() && p.device().is_cpu() && (p.scalar_type() == at::kFloat || bf16) && p.is_contiguous() &&
            (!grad.defined() || (grad.scalar_type() == p.scalar_type() && grad.is_contiguous())) &&
-           format_for(p) != StateFormat::kFloat && detail::lowbit::aten_cpu_rounding().known();
+           (!bf16 || format_for(p) != StateFormat::kFloat) && detail::lowbit::aten_cpu_rounding().known();
   }
 
   // What step_scaled() runs: the fused CPU step when any parameter takes it.
@@ -364,6 +365,10 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
       r.map = q.qmap().data_ptr<float>();
       r.levels = q.qmap().numel();
       r.ascending = detail::lowbit::strictly_ascending(r.map, r.levels);
+    }
+    if (q.format() == StateFormat::kFloat) {
+      r.values = q.values().data_ptr<float>();
+      return r;
     }
     r.codes = static_cast<uint8_t*>(q.codes().data_ptr());
     r.scale = q.scale().data_ptr<float>();

@@ -125,6 +125,7 @@ struct MomentRef {
   int64_t levels = 0;
   uint8_t* codes = nullptr;        // 8-bit: one per element; 4-bit: two per byte; fp8: e4m3fn bytes
   float* scale = nullptr;          // one per block
+  float* values = nullptr;         // kFloat: the plain fp32 moment
   bool ascending = false;          // map strictly ascending: the vector searches apply
   const float* columns = nullptr;  // the map as 17 columns of 16 (map_columns), for the AVX-512 search
 };
@@ -156,6 +157,7 @@ struct FusedAdam {
   LerpRounding lerp = LerpRounding::kFma;
   float maximum_nan = 0;  // at::maximum's NaN
   int64_t block_size = 0;
+  int64_t numel = 0;  // plain states: the last block may be shorter
 };
 
 C10_ALWAYS_INLINE void quantize_moment_block(const float* x, int64_t n, const MomentRef& q, int64_t block) {
@@ -165,6 +167,7 @@ C10_ALWAYS_INLINE void quantize_moment_block(const float* x, int64_t n, const Mo
 
 // torchao's dequantize() of element i: map[code] * scale, or fp8 * scale.
 C10_ALWAYS_INLINE float dequantized(const MomentRef& q, int64_t i, float scale) {
+  if (q.format == StateFormat::kFloat) return q.values[i];
   if (q.format == StateFormat::kInt8) return rounded(q.map[q.codes[i]] * scale);
   if (q.format == StateFormat::kInt4)
     return rounded(q.map[i % 2 == 0 ? q.codes[i / 2] >> 4 : q.codes[i / 2] & 15] * scale);
@@ -190,10 +193,13 @@ C10_ALWAYS_INLINE void adam_blocks(const FusedAdam& k, P* param, P* grad, const 
   float* m_new = buffer;
   float* v_new = buffer + bs;
   float* vmax_new = buffer + 2 * bs;
+  const bool plain = m.format == StateFormat::kFloat;  // all three moments are, or none
   for (int64_t b = b0; b < b1; ++b) {
-    const float m_scale = m.scale[b], v_scale = v.scale[b], vmax_scale = k.amsgrad ? vmax.scale[b] : 0.f;
-    const bool done = vector_pass(k, param, grad, m, v, vmax, rand16, b, m_new, v_new, vmax_new);
-    for (int64_t j = 0; j < bs && !done; ++j) {
+    const int64_t n = std::min(bs, k.numel - b * bs);
+    const float m_scale = plain ? 0.f : m.scale[b], v_scale = plain ? 0.f : v.scale[b];
+    const float vmax_scale = k.amsgrad && !plain ? vmax.scale[b] : 0.f;
+    const bool done = !plain && vector_pass(k, param, grad, m, v, vmax, rand16, b, m_new, v_new, vmax_new);
+    for (int64_t j = 0; j < n && !done; ++j) {
       const int64_t i = b * bs + j;
       float g = to_float(grad[i]);
       if (k.unscale) {  // grad.mul_(inv_scale), in the gradient's dtype
@@ -241,6 +247,12 @@ C10_ALWAYS_INLINE void adam_blocks(const FusedAdam& k, P* param, P* grad, const 
       } else {
         param[i] = static_cast<P>(p);
       }
+    }
+    if (plain) {  // assign_ of a plain state: the values as they are
+      std::memcpy(m.values + b * bs, m_new, static_cast<size_t>(n) * sizeof(float));
+      std::memcpy(v.values + b * bs, v_new, static_cast<size_t>(n) * sizeof(float));
+      if (k.amsgrad) std::memcpy(vmax.values + b * bs, vmax_new, static_cast<size_t>(n) * sizeof(float));
+      continue;
     }
     quantize(m_new, bs, m, b);
     quantize(v_new, bs, v, b);
@@ -565,7 +577,7 @@ inline Isa cpu_isa() {
 template <typename P>
 void fused_adam_step(const FusedAdam& k, P* param, P* grad, int64_t numel, const MomentRef& m, const MomentRef& v,
                      const MomentRef& vmax, const int32_t* rand16) {
-  const int64_t blocks = numel / k.block_size;
+  const int64_t blocks = (numel + k.block_size - 1) / k.block_size;
   const Isa isa = cpu_isa();
   parallel_chunks(blocks, /*grain=*/16, [&](int64_t b0, int64_t b1) {
     std::vector<float> buffer(static_cast<size_t>(4 * k.block_size));  // three moments' values, the codes
@@ -621,6 +633,7 @@ inline void fused_adam_param(const AdamHyper& h, const at::Tensor& p, at::Tensor
   k.lerp = aten.lerp;
   std::memcpy(&k.maximum_nan, &aten.maximum_nan, sizeof(float));
   k.block_size = h.block_size;
+  k.numel = p.numel();
   const int32_t* r = rand16.defined() ? rand16.data_ptr<int32_t>() : nullptr;
   alignas(64) float columns[3][272];
   MomentRef moments[3] = {m, v, vmax};
