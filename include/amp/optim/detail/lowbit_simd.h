@@ -1,0 +1,308 @@
+// amp/optim/detail/lowbit_simd.h: the fused low-bit step's vector code
+// (x86 with GCC or Clang): the 8-/4-bit search with AVX2 gathers or AVX-512
+// lane permutes, the block absmax and codes, the first pass on 16 fp32
+// parameters, and the kernel compiled for each ISA (function `target`
+// attributes, chosen at run time: no -march needed). Each operation rounds
+// as the scalar kernel's (optim/detail/lowbit_block.h).
+//
+//   amp::detail::lowbit::adam_blocks_avx512(k, param, grad, m, v, vmax, rand16, b0, b1, buffer);
+#pragma once
+
+#include <c10/macros/Macros.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "amp/detail/compat_float8.h"
+#include "amp/optim/detail/lowbit_block.h"
+#include "amp/optim/state_format.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define AMP_DETAIL_LOWBIT_X86_CLONES 1
+#include <immintrin.h>
+#else
+#define AMP_DETAIL_LOWBIT_X86_CLONES 0
+#endif
+
+namespace amp {
+namespace detail {
+namespace lowbit {
+
+#if AMP_DETAIL_LOWBIT_X86_CLONES
+// GCC 12 warns inside its own AVX-512 intrinsics (their _mm512_undefined_*
+// operands) once they are inlined here.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+// nearest_code for 8 values at a time: the same comparisons, the probes
+// gathered. n is a multiple of 8; codes as int32.
+__attribute__((target("avx2,fma"))) inline void nearest_codes_avx2(const float* x, int64_t n, float scale,
+                                                                   const float* m, int64_t levels, int32_t* codes) {
+  const __m256 divisor = _mm256_set1_ps(scale), half = _mm256_set1_ps(0.5f);
+  const __m256i last = _mm256_set1_epi32(static_cast<int32_t>(levels - 1)), one = _mm256_set1_epi32(1);
+  const __m256 middle = _mm256_set1_ps(m[levels / 2]);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), divisor);
+    __m256i code = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(v, middle, _CMP_GE_OQ)),
+                                    _mm256_set1_epi32(static_cast<int32_t>(levels / 2)));
+    for (int64_t step = levels / 4; step >= 1; step /= 2) {
+      const __m256i stride = _mm256_set1_epi32(static_cast<int32_t>(step));
+      const __m256 probe = _mm256_i32gather_ps(m, _mm256_add_epi32(code, stride), 4);
+      code = _mm256_add_epi32(code, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(v, probe, _CMP_GE_OQ)), stride));
+    }
+    const __m256i up = _mm256_min_epi32(_mm256_add_epi32(code, one), last);
+    const __m256 down_v = _mm256_i32gather_ps(m, code, 4), up_v = _mm256_i32gather_ps(m, up, 4);
+    const __m256 residual = _mm256_sub_ps(v, down_v);
+    const __m256 half_gap = _mm256_mul_ps(_mm256_sub_ps(up_v, down_v), half);
+    const __m256i take_up = _mm256_castps_si256(_mm256_cmp_ps(residual, half_gap, _CMP_GE_OQ));
+    code = _mm256_add_epi32(code, _mm256_and_si256(_mm256_sub_epi32(up, code), take_up));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), code);
+  }
+}
+
+// nearest_code for 16 values at a time without gathers (8-bit: 256 entries,
+// 4-bit: 16; the map strictly ascending, as create_dynamic_map and
+// linspace make it). The binary search's result is the count of entries
+// m[1..] <= v; it is counted over the map as a 16 x 16 matrix, the row by its
+// first entries, the column by the row's entries permuted into each lane
+// (`columns`, map_columns()).
+__attribute__((target("avx512f,avx2,fma"))) inline void nearest_codes_avx512(const float* x, int64_t n, float scale,
+                                                                             const float* m, int64_t levels,
+                                                                             const float* columns, int32_t* codes) {
+  const int64_t rows = levels / 16;  // 16 or 1
+  const __m512 divisor = _mm512_set1_ps(scale), half = _mm512_set1_ps(0.5f);
+  const __m512i one = _mm512_set1_epi32(1), sixteen = _mm512_set1_epi32(16);
+  const __m512i last = _mm512_set1_epi32(static_cast<int32_t>(levels - 1));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 v = _mm512_div_ps(_mm512_loadu_ps(x + i), divisor);
+    __m512i row = _mm512_setzero_si512();
+    for (int64_t h = 1; h < rows; ++h)
+      row = _mm512_mask_add_epi32(row, _mm512_cmp_ps_mask(v, _mm512_set1_ps(m[16 * h]), _CMP_GE_OQ), row, one);
+    __m512i code = _mm512_mullo_epi32(row, sixteen);
+    __m512 down = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(columns));
+    __m512 up = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(columns + 16 * 16));
+    __mmask16 below = 0xFFFF;  // lanes whose entries so far are all <= v (the row is ascending)
+    for (int64_t j = 1; j < 16; ++j) {
+      const __m512 entry = _mm512_maskz_permutexvar_ps(0xFFFF, row, _mm512_load_ps(columns + 16 * j));
+      const __mmask16 ge = _mm512_cmp_ps_mask(v, entry, _CMP_GE_OQ);
+      code = _mm512_mask_add_epi32(code, ge, code, one);
+      down = _mm512_mask_blend_ps(ge, down, entry);                               // the largest entry <= v
+      up = _mm512_mask_blend_ps(static_cast<__mmask16>(below & ~ge), up, entry);  // the first entry > v
+      below = static_cast<__mmask16>(below & ge);
+    }
+    const __m512 residual = _mm512_sub_ps(v, down);
+    const __m512 half_gap = _mm512_mul_ps(_mm512_sub_ps(up, down), half);
+    const __mmask16 take_up =
+        _mm512_cmp_ps_mask(residual, half_gap, _CMP_GE_OQ) & _mm512_cmp_epi32_mask(code, last, _MM_CMPINT_LT);
+    code = _mm512_mask_add_epi32(code, take_up, code, one);
+    _mm512_storeu_si512(codes + i, code);
+  }
+}
+
+// quantize_block with the search above (8-/4-bit; fp8 as quantize_block).
+// The absmax of n values (a multiple of 16) as quantize_block's loop finds it:
+// NaNs set *nan and are skipped (max_ps returns its second operand for a NaN).
+__attribute__((target("avx512f,avx2,fma"))) inline float absmax_avx512(const float* x, int64_t n, bool* nan) {
+  __m512 acc = _mm512_setzero_ps();
+  __mmask16 unordered = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    unordered = static_cast<__mmask16>(unordered | _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q));
+    acc = _mm512_max_ps(a, acc);
+  }
+  *nan = unordered != 0;
+  return _mm512_reduce_max_ps(acc);
+}
+
+// n codes (int32, each < 256) to bytes.
+__attribute__((target("avx512f,avx2,fma"))) inline void bytes_avx512(const int32_t* codes, int64_t n, uint8_t* out) {
+  for (int64_t i = 0; i < n; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(_mm512_loadu_si512(codes + i)));
+}
+
+template <bool Avx512>
+C10_ALWAYS_INLINE void quantize_moment_block_vector(const float* x, int64_t n, const MomentRef& q, int64_t block,
+                                                    int32_t* scratch) {
+  if (q.format == StateFormat::kFp8 || n % 16 != 0 || !q.ascending) return quantize_moment_block(x, n, q, block);
+  float amax = 0.f;
+  bool nan = false;
+  if (Avx512) {
+    amax = absmax_avx512(x, n, &nan);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = std::fabs(x[i]);
+      nan = nan || std::isnan(a);
+      amax = a > amax ? a : amax;
+    }
+  }
+  const float clipped = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, static_cast<float>(1e-12));
+  q.scale[block] = clipped;
+  if (Avx512) {
+    nearest_codes_avx512(x, n, clipped, q.map, q.levels, q.columns, scratch);
+  } else {
+    nearest_codes_avx2(x, n, clipped, q.map, q.levels, scratch);
+  }
+  if (q.format == StateFormat::kInt8 && Avx512) {
+    bytes_avx512(scratch, n, q.codes + block * n);
+  } else if (q.format == StateFormat::kInt8) {
+    uint8_t* c = q.codes + block * n;
+    for (int64_t i = 0; i < n; ++i) c[i] = static_cast<uint8_t>(scratch[i]);
+  } else {
+    uint8_t* c = q.codes + block * n / 2;
+    for (int64_t i = 0; i < n; i += 2) c[i / 2] = static_cast<uint8_t>((scratch[i] << 4) | scratch[i + 1]);
+  }
+}
+
+struct QuantizeAvx2 {
+  int32_t* scratch;  // block_size codes
+  __attribute__((target("avx2,fma"))) void operator()(const float* x, int64_t n, const MomentRef& q,
+                                                      int64_t block) const {
+    quantize_moment_block_vector<false>(x, n, q, block, scratch);
+  }
+};
+
+struct QuantizeAvx512 {
+  int32_t* scratch;
+  __attribute__((target("avx512f,avx2,fma"))) void operator()(const float* x, int64_t n, const MomentRef& q,
+                                                              int64_t block) const {
+    quantize_moment_block_vector<true>(x, n, q, block, scratch);
+  }
+};
+
+// fp8 codes as fp32 values (c10's conversion), a table for the vector pass.
+inline const float* fp8_values() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(256, 0.f);
+#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+    for (int c = 0; c < 256; ++c)
+      t[static_cast<size_t>(c)] =
+          static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(c), c10::Float8_e4m3fn::from_bits()));
+#endif
+    return t;
+  }();
+  return table.data();
+}
+
+// x as a rounded fp32 vector (rounded()'s twin).
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 rounded512(__m512 x) {
+  __asm__("" : "+v"(x));
+  return x;
+}
+
+// Moment q's values at elements [i, i + 16), fp32: the table entry times the block's scale.
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 dequantized16(const MomentRef& q, int64_t i, float scale,
+                                                                        const float* fp8) {
+  __m512i code;
+  __m512 value;
+  if (q.format == StateFormat::kInt4) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q.codes + i / 2));
+    const __m128i nibble = _mm_set1_epi8(15);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), low = _mm_and_si128(bytes, nibble);
+    code = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(high, low));  // element 2k: the high nibble of byte k
+    value = _mm512_maskz_permutexvar_ps(0xFFFF, code, _mm512_loadu_ps(q.map));
+  } else {
+    code = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q.codes + i)));
+    value = _mm512_i32gather_ps(code, q.format == StateFormat::kFp8 ? fp8 : q.map, 4);
+  }
+  return rounded512(_mm512_mul_ps(value, _mm512_set1_ps(scale)));
+}
+
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 lerp16(LerpRounding r, __m512 start, __m512 end, float w) {
+  const __m512 d = _mm512_sub_ps(end, start);
+  if (std::fabs(w) < 0.5f) {
+    const __m512 weight = _mm512_set1_ps(w);
+    return r == LerpRounding::kFma ? _mm512_fmadd_ps(weight, d, start)
+                                   : _mm512_add_ps(start, rounded512(_mm512_mul_ps(weight, d)));
+  }
+  return r == LerpRounding::kFma ? _mm512_fmadd_ps(_mm512_set1_ps(w - 1.f), d, end)
+                                 : _mm512_sub_ps(end, rounded512(_mm512_mul_ps(d, _mm512_set1_ps(1.f - w))));
+}
+
+// The scalar loop's arithmetic on 16 fp32 parameters at a time (bf16
+// parameters and stochastic rounding take the scalar loop).
+struct VectorPassAvx512 {
+  template <typename P>
+  __attribute__((target("avx512f,avx2,fma"))) bool operator()(const FusedAdam& k, P* param, P* grad, const MomentRef& m,
+                                                              const MomentRef& v, const MomentRef& vmax,
+                                                              const int32_t* rand16, int64_t b, float* m_new,
+                                                              float* v_new, float* vmax_new) const {
+    if (!std::is_same<P, float>::value || rand16 != nullptr || k.block_size % 16 != 0) return false;
+    float* pf = reinterpret_cast<float*>(param);
+    float* gf = reinterpret_cast<float*>(grad);
+    const float* fp8 = fp8_values();
+    const float m_scale = m.scale[b], v_scale = v.scale[b], vmax_scale = k.amsgrad ? vmax.scale[b] : 0.f;
+    const __m512 inv_scale = _mm512_set1_ps(k.inv_scale), lr_wd = _mm512_set1_ps(k.lr_wd), wd = _mm512_set1_ps(k.wd);
+    const __m512 bc1 = _mm512_set1_ps(k.bias_correction1), bc2 = _mm512_set1_ps(k.bias_correction2_sqrt);
+    const __m512 eps = _mm512_set1_ps(k.eps), lr = _mm512_set1_ps(k.lr), nan = _mm512_set1_ps(k.maximum_nan);
+    for (int64_t j = 0; j < k.block_size; j += 16) {
+      const int64_t i = b * k.block_size + j;
+      __m512 g = _mm512_loadu_ps(gf + i);
+      if (k.unscale) {
+        g = rounded512(_mm512_mul_ps(g, inv_scale));
+        _mm512_storeu_ps(gf + i, g);
+      }
+      __m512 p = _mm512_loadu_ps(pf + i);
+      if (k.adamw) {
+        p = _mm512_sub_ps(p, rounded512(_mm512_mul_ps(p, lr_wd)));
+      } else {
+        g = _mm512_add_ps(rounded512(_mm512_mul_ps(p, wd)), g);
+      }
+      const __m512 mv = lerp16(k.lerp, dequantized16(m, i, m_scale, fp8), g, k.w1);
+      const __m512 g2 = rounded512(_mm512_mul_ps(g, g));
+      const __m512 vv = lerp16(k.lerp, dequantized16(v, i, v_scale, fp8), g2, k.w2);
+      __m512 denom;
+      if (k.amsgrad) {
+        const __m512 old = dequantized16(vmax, i, vmax_scale, fp8);
+        const __mmask16 unordered = _mm512_cmp_ps_mask(old, vv, _CMP_UNORD_Q);
+        const __m512 mx = _mm512_mask_blend_ps(unordered, _mm512_max_ps(old, vv), nan);  // at::maximum
+        _mm512_storeu_ps(vmax_new + j, mx);
+        denom = _mm512_sqrt_ps(mx);
+      } else {
+        denom = _mm512_sqrt_ps(vv);
+      }
+      denom = _mm512_add_ps(_mm512_div_ps(denom, bc2), eps);
+      __m512 update = rounded512(_mm512_mul_ps(_mm512_div_ps(mv, bc1), lr));
+      update = _mm512_div_ps(update, denom);
+      _mm512_storeu_ps(pf + i, _mm512_sub_ps(p, update));
+      _mm512_storeu_ps(m_new + j, mv);
+      _mm512_storeu_ps(v_new + j, vv);
+    }
+    return true;
+  }
+};
+
+// The same loop compiled for AVX2 with FMA: std::fma is one instruction and
+// the compiler may vectorize; every operation rounds as in the portable one.
+template <typename P>
+__attribute__((target("avx2,fma"))) void adam_blocks_avx2(const FusedAdam& k, P* param, P* grad, const MomentRef& m,
+                                                          const MomentRef& v, const MomentRef& vmax,
+                                                          const int32_t* rand16, int64_t b0, int64_t b1,
+                                                          float* buffer) {
+  adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer,
+              QuantizeAvx2{reinterpret_cast<int32_t*>(buffer + 3 * k.block_size)}, NoVectorPass{});
+}
+
+// The same loop again with the AVX-512 search.
+template <typename P>
+__attribute__((target("avx512f,avx2,fma"))) void adam_blocks_avx512(const FusedAdam& k, P* param, P* grad,
+                                                                    const MomentRef& m, const MomentRef& v,
+                                                                    const MomentRef& vmax, const int32_t* rand16,
+                                                                    int64_t b0, int64_t b1, float* buffer) {
+  adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer,
+              QuantizeAvx512{reinterpret_cast<int32_t*>(buffer + 3 * k.block_size)}, VectorPassAvx512{});
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif  // AMP_DETAIL_LOWBIT_X86_CLONES
+
+}  // namespace lowbit
+}  // namespace detail
+}  // namespace amp
