@@ -140,27 +140,19 @@ void fused_equals_ops(const Case& c) {
     }
     const at::Tensor scale = at::full({}, 1024.f), found_inf = at::full({}, skip ? 1.f : 0.f);
     const uint64_t seed = 100 + step;
-    torch::manual_seed(seed);  // the same random bits for stochastic rounding
-    int64_t lerps_fused = 0, lerps_ops = 0;
-    {
+    torch::manual_seed(seed);                   // the same random bits for stochastic rounding
+    auto step_counting_lerps = [&](Opt& opt) {  // one step; returns its aten::lerp calls
       LerpCalls calls;
       if (c.scaled) {
-        fused.step_scaled(scale, found_inf);
+        opt.step_scaled(scale, found_inf);
       } else {
-        fused.step();
+        opt.step();
       }
-      lerps_fused = LerpCalls::count();
-    }
+      return LerpCalls::count();
+    };
+    const int64_t lerps_fused = step_counting_lerps(fused);
     torch::manual_seed(seed);
-    {
-      LerpCalls calls;
-      if (c.scaled) {
-        ops.step_scaled(scale, found_inf);
-      } else {
-        ops.step();
-      }
-      lerps_ops = LerpCalls::count();
-    }
+    const int64_t lerps_ops = step_counting_lerps(ops);
     // Each parameter the fused step takes lerps twice on the op path only (plain
     // states of bf16 parameters take the ATen ops on both).
     int64_t fused_here = 0;

@@ -353,26 +353,10 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
     h.adamw = IsAdamW;
     h.stochastic_round = low_bit_.bf16_stochastic_round();
     h.block_size = block_size();
-    detail::lowbit::fused_adam_param(h, item.param, grad, s.step(), moment_ref(s.exp_avg()), moment_ref(s.exp_avg_sq()),
-                                     h.amsgrad ? moment_ref(s.max_exp_avg_sq()) : detail::lowbit::MomentRef(),
-                                     inv_scale, keep);
-  }
-
-  static detail::lowbit::MomentRef moment_ref(const QuantizedState& q) {
-    detail::lowbit::MomentRef r;
-    r.format = q.format();
-    if (q.qmap().defined()) {
-      r.map = q.qmap().data_ptr<float>();
-      r.levels = q.qmap().numel();
-      r.ascending = detail::lowbit::strictly_ascending(r.map, r.levels);
-    }
-    if (q.format() == StateFormat::kFloat) {
-      r.values = q.values().data_ptr<float>();
-      return r;
-    }
-    r.codes = static_cast<uint8_t*>(q.codes().data_ptr());
-    r.scale = q.scale().data_ptr<float>();
-    return r;
+    detail::lowbit::fused_adam_param(
+        h, item.param, grad, s.step(), detail::lowbit::moment_ref(s.exp_avg()),
+        detail::lowbit::moment_ref(s.exp_avg_sq()),
+        h.amsgrad ? detail::lowbit::moment_ref(s.max_exp_avg_sq()) : detail::lowbit::MomentRef(), inv_scale, keep);
   }
 
   // The moment's dequantized value lerped towards `end`: in place on the

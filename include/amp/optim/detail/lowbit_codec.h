@@ -155,13 +155,14 @@ C10_ALWAYS_INLINE int64_t nearest_code(float v, const float* m, int64_t levels) 
   return code + ((up - code) & -static_cast<int64_t>(residual >= half));
 }
 
-// One block of n values (fp32) to its absmax scale and codes: torchao's
-// scale_tensor (abs, amax, clip at 1e-12) and quantize_*_with_qmap for 8 and
-// 4 bits (two codes per byte, the first in the high nibble), or
-// subclass_fp8.py's quantize_fp8 (scale = clipped absmax / 448, codes
-// float8_e4m3fn). `codes` is the block's first byte.
-C10_ALWAYS_INLINE void quantize_block(const float* x, int64_t n, StateFormat format, const float* map, int64_t levels,
-                                      uint8_t* codes, float* scale) {
+// torchao's scale_tensor for one block: abs, amax (NaN if any value is NaN),
+// clipped at 1e-12 (the scalar rounded to fp32). `amax`/`nan`: a block's
+// absmax and NaN flag found elsewhere (a vector loop), or the loop here.
+C10_ALWAYS_INLINE float clip_absmax(float amax, bool nan) {
+  return nan ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, static_cast<float>(1e-12));
+}
+
+C10_ALWAYS_INLINE float clipped_absmax(const float* x, int64_t n) {
   float amax = 0.f;
   bool nan = false;
   for (int64_t i = 0; i < n; ++i) {
@@ -169,7 +170,17 @@ C10_ALWAYS_INLINE void quantize_block(const float* x, int64_t n, StateFormat for
     nan = nan || std::isnan(a);
     amax = a > amax ? a : amax;
   }
-  const float clipped = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, static_cast<float>(1e-12));
+  return clip_absmax(amax, nan);
+}
+
+// One block of n values (fp32) to its absmax scale and codes: torchao's
+// scale_tensor (abs, amax, clip at 1e-12) and quantize_*_with_qmap for 8 and
+// 4 bits (two codes per byte, the first in the high nibble), or
+// subclass_fp8.py's quantize_fp8 (scale = clipped absmax / 448, codes
+// float8_e4m3fn). `codes` is the block's first byte.
+C10_ALWAYS_INLINE void quantize_block(const float* x, int64_t n, StateFormat format, const float* map, int64_t levels,
+                                      uint8_t* codes, float* scale) {
+  const float clipped = clipped_absmax(x, n);
   if (format == StateFormat::kFp8) {
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
     const float sc = clipped / static_cast<float>(kFloat8E4M3Max);

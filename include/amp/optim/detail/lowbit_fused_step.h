@@ -23,6 +23,7 @@
 #include "amp/optim/detail/lowbit_block.h"
 #include "amp/optim/detail/lowbit_rounding.h"
 #include "amp/optim/detail/lowbit_simd.h"
+#include "amp/optim/quantized_state.h"
 
 namespace amp {
 namespace detail {
@@ -63,6 +64,24 @@ void fused_adam_step(const FusedAdam& k, P* param, P* grad, int64_t numel, const
 #endif
     adam_blocks_portable(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data());
   });
+}
+
+// A QuantizedState's tensors as the kernel reads them (CPU, contiguous).
+inline MomentRef moment_ref(const QuantizedState& q) {
+  MomentRef r;
+  r.format = q.format();
+  if (q.qmap().defined()) {
+    r.map = q.qmap().data_ptr<float>();
+    r.levels = q.qmap().numel();
+    r.ascending = strictly_ascending(r.map, r.levels);
+  }
+  if (q.format() == StateFormat::kFloat) {
+    r.values = q.values().data_ptr<float>();
+    return r;
+  }
+  r.codes = static_cast<uint8_t*>(q.codes().data_ptr());
+  r.scale = q.scale().data_ptr<float>();
+  return r;
 }
 
 // A low-bit Adam's hyperparameters for one parameter (its param group's).

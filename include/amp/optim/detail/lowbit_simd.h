@@ -130,18 +130,14 @@ template <bool Avx512>
 C10_ALWAYS_INLINE void quantize_moment_block_vector(const float* x, int64_t n, const MomentRef& q, int64_t block,
                                                     int32_t* scratch) {
   if (q.format == StateFormat::kFp8 || n % 16 != 0 || !q.ascending) return quantize_moment_block(x, n, q, block);
-  float amax = 0.f;
-  bool nan = false;
+  float clipped;
   if (Avx512) {
-    amax = absmax_avx512(x, n, &nan);
+    bool nan = false;
+    const float amax = absmax_avx512(x, n, &nan);  // before nan is read
+    clipped = clip_absmax(amax, nan);
   } else {
-    for (int64_t i = 0; i < n; ++i) {
-      const float a = std::fabs(x[i]);
-      nan = nan || std::isnan(a);
-      amax = a > amax ? a : amax;
-    }
+    clipped = clipped_absmax(x, n);
   }
-  const float clipped = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, static_cast<float>(1e-12));
   q.scale[block] = clipped;
   if (Avx512) {
     nearest_codes_avx512(x, n, clipped, q.map, q.levels, q.columns, scratch);
