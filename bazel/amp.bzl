@@ -18,12 +18,24 @@ AMP_COPTS = AMP_STD_COPTS + AMP_WARNINGS
 # test ~30% faster. Examples, benchmarks and the demo keep .bazelrc's -O2.
 AMP_TEST_COPTS = ["-O0"]
 
+# LibTorch, GoogleTest and GoogleMock precompiled (//tools:test_pch at -O0,
+# //tools:program_pch at -O2; bazel/pch.bzl): each unit loads them instead of
+# parsing them (a third of a test unit's compile). -Winvalid-pch (an error
+# here) says when flags drift and g++ would parse them again.
+def _pch(testonly):
+    name = "test_pch" if testonly else "program_pch"
+    return struct(
+        copts = ["-include", "amp_%s.h" % name, "-Winvalid-pch"],
+        deps = ["//tools:" + name],
+    )
+
 def amp_cc_test(name, srcs, deps = [], size = "small", timeout = None, copts = [], **kw):
     native.cc_test(
         name = name,
         srcs = srcs,
-        copts = AMP_COPTS + AMP_TEST_COPTS + copts,
-        deps = ["//:amp", "@libtorch", "@system_libs//:hana", "@system_libs//:gtest_main", "@system_libs//:gmock"] + deps,
+        copts = AMP_COPTS + AMP_TEST_COPTS + _pch(True).copts + copts,
+        deps = ["//:amp", "@libtorch", "@system_libs//:hana", "@system_libs//:gtest_main", "@system_libs//:gmock"] +
+               _pch(True).deps + deps,
         size = size,
         timeout = timeout,
         **kw
@@ -59,9 +71,9 @@ def amp_cc_binary(name, srcs, deps = [], copts = [], testonly = False, **kw):
     native.cc_binary(
         name = name,
         srcs = srcs,
-        copts = AMP_COPTS + (AMP_TEST_COPTS if testonly else []) + copts,
+        copts = AMP_COPTS + (AMP_TEST_COPTS if testonly else []) + _pch(testonly).copts + copts,
         testonly = testonly,
-        deps = ["//:amp", "@libtorch", "@system_libs//:hana"] + deps,
+        deps = ["//:amp", "@libtorch", "@system_libs//:hana"] + _pch(testonly).deps + deps,
         **kw
     )
 
@@ -117,8 +129,8 @@ def header_self_contained_tests(headers):
         compile_check_test(
             name = "header_" + hdr[len("include/"):].replace("/", "_").replace(".", "_"),
             script = "//tools:header_test.sh",
-            args = ["$(location @libtorch//:compile_flags.txt)", hdr],
-            data = [":amp_headers", "@libtorch//:compile_flags.txt"],
+            args = ["--aten-pch=$(location //tools:pch/aten_pch.h)", "$(location @libtorch//:compile_flags.txt)", hdr],
+            data = [":amp_headers", "@libtorch//:compile_flags.txt", "//tools:pch/aten_pch.h", "//tools:pch/aten_pch.h.gch"],
         )
 
 def bzlmod_consumer_test(name):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every public header compiles on its own (as Hana checks for each of its headers),
 # with -Wall -Wextra -Werror on amp's code.
-#   header_test.sh [--std=c++20] [--full] FLAGS_FILE HEADER...
+#   header_test.sh [--std=c++20] [--full] [--aten-pch=HEADER] FLAGS_FILE HEADER...
 # The standard is FLAGS_FILE's (the LibTorch line's) unless --std overrides it.
 # Each header is the first thing its translation unit includes (twice: it is
 # include-guarded) and is parsed to the end, where a static assertion stops
@@ -10,12 +10,18 @@
 # includes, and every warning in its code is an error. The instantiations are
 # checked where the headers meet: --full compiles one unit that includes every
 # HEADER given, to the end (header_umbrella: all public headers; header_cxx20).
+# --aten-pch=HEADER (//tools:aten_pch, <ATen/ATen.h> precompiled with
+# FLAGS_FILE): a header whose first line of code is `#include <ATen/ATen.h>`
+# (after comments and #pragma once) has its unit load that .gch first. That is
+# the unit the header alone makes (its own include of ATen is then a no-op), so
+# the check is the same, without parsing ATen again; other headers never load it.
 set -u
-std=() full=0
+std=() full=0 aten_pch=""
 while :; do
   case "${1:-}" in
     --std=*) std=("-std=${1#--std=}"); shift ;;
     --full) full=1; shift ;;
+    --aten-pch=*) aten_pch=${1#--aten-pch=}; shift ;;
     *) break ;;
   esac
 done
@@ -29,7 +35,12 @@ check() {
   local tu="$tmp/$(echo "$rel" | tr '/.' '__').cc"
   printf '#include <%s>\n#include <%s>\n' "$rel" "$rel" > "$tu"
   printf 'static_assert(sizeof(char) == 0, "%s");\n' "$sentinel" >> "$tu"
-  log=$("$cxx" "${torch_flags[@]}" "${std[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude -Wfatal-errors "$tu" 2>&1)
+  local pch=()
+  if [ -n "$aten_pch" ] && [ ${#std[@]} -eq 0 ] &&
+    [ "$(grep -vE '^[[:space:]]*(//.*)?$|^#pragma once$' "$h" | head -1)" = "#include <ATen/ATen.h>" ]; then
+    pch=(-include "$aten_pch" -Winvalid-pch)
+  fi
+  log=$("$cxx" "${torch_flags[@]}" "${std[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude -Wfatal-errors "$tu" 2>&1)
   first=$(printf '%s\n' "$log" | grep -m1 -E 'error:')
   case "$first" in *"$sentinel"*) echo "ok   $rel"; return 0 ;; esac
   echo "FAIL $rel"; echo "$log" | head -20; return 1
