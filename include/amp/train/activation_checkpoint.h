@@ -58,11 +58,11 @@ struct CheckpointOptions {
   // the same masks (Python's preserve_rng_state=True, the default).
   TORCH_ARG(bool, preserve_rng_state) = true;
   // Selective checkpointing: keep the outputs of the matmuls (aten::mm, addmm,
-  // bmm, baddbmm, and _scaled_mm from LibTorch 2.5) from the forward and
-  // recompute only the rest, as Python's context_fn=partial(
-  // create_selective_checkpoint_contexts, [aten.mm.default, ...]). Costs those
-  // outputs' bytes until backward; saves the matmuls' time there. false: save
-  // nothing (every op recomputed).
+  // bmm, baddbmm) from the forward and recompute only the rest, as Python's
+  // context_fn=partial(create_selective_checkpoint_contexts, [aten.mm.default,
+  // ...]). Costs those outputs' bytes until backward; saves the matmuls' time
+  // there. Float8 linears are recomputed in full. false: save nothing (every
+  // op recomputed).
   TORCH_ARG(bool, save_matmuls) = false;
 };
 
@@ -131,6 +131,22 @@ class RecomputeScope {
 };
 
 using CheckpointFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+
+// RAII for the forward: autocast's cast cache off. A weight cast there is made
+// without grad; cached, it would serve the rest of the region (a use after
+// the block) and a recompute inside it (backward in the region, a nested
+// checkpoint) with a 16-bit copy that autograd cannot trace to the weight: no
+// gradient. Off, the forward casts each use afresh, to the same values.
+class NoAutocastCache {
+ public:
+  NoAutocastCache() : prev_(compat::autocast_cache_enabled()) { compat::set_autocast_cache_enabled(false); }
+  ~NoAutocastCache() { compat::set_autocast_cache_enabled(prev_); }
+  NoAutocastCache(const NoAutocastCache&) = delete;
+  NoAutocastCache& operator=(const NoAutocastCache&) = delete;
+
+ private:
+  bool prev_;
+};
 
 // The backward node of one amp::checkpoint call.
 class CheckpointNode : public torch::autograd::Node {
@@ -205,6 +221,7 @@ at::Tensor checkpoint(F&& f, const std::vector<at::Tensor>& inputs, const Checkp
   at::Tensor y;
   {
     at::NoGradGuard no_grad;
+    detail::NoAutocastCache no_cache;
     // Inside another selective checkpoint's recompute, its saved outputs still come first.
     c10::optional<detail::SavedOpsScope> saving;
     if (saved) saving.emplace(saved.get(), detail::saved_ops_state().replaying);

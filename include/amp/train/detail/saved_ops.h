@@ -7,8 +7,7 @@
 //   { SavedOpsScope forward(&cache, nullptr); y = fn(x); }      // the matmuls' outputs kept
 //   { SavedOpsScope recompute(nullptr, &cache); y = fn(x); }    // handed back, in order
 //
-// How: kernels for aten::mm, addmm, bmm, baddbmm (and _scaled_mm where
-// LibTorch has it) on DispatchKey::ADInplaceOrView, below Autograd and
+// How: kernels for aten::mm, addmm, bmm, baddbmm on DispatchKey::ADInplaceOrView, below Autograd and
 // Autocast, where those functional ops fall through otherwise (every tensor
 // that autograd sees carries the key; the autograd kernel redispatches to it).
 // Torch's _CachingTorchDispatchMode sits at the same level (the Python key,
@@ -24,6 +23,11 @@
 // version counter of its own), and the recompute needs what the matmul
 // returned. torch keeps the tensor itself and checks its version counter,
 // which misses that case (the recompute then adds the bias twice).
+//
+// Not aten::_scaled_mm (float8): it has no derivative, and autograd's
+// not-implemented kernel redispatches it past ADInplaceOrView (seen on 2.14,
+// from C++ and from Python's torch.library alike), so a kernel there never
+// runs; float8 linears are recomputed in full.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,6 +37,7 @@
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/mm_ops.h>
 #include <c10/core/DispatchKey.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -47,13 +52,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include "amp/detail/compat_float8.h"
-
-#if AMP_DETAIL_HAS_FLOAT8_MATMUL
-#include <ATen/ops/_scaled_mm_ops.h>
-#endif
-#include <ATen/ops/mm_ops.h>
 
 namespace amp {
 namespace detail {
@@ -198,9 +196,6 @@ inline void register_saved_op_kernels() {
     register_saved_op<at::_ops::addmm>(kernels);
     register_saved_op<at::_ops::bmm>(kernels);
     register_saved_op<at::_ops::baddbmm>(kernels);
-#if AMP_DETAIL_HAS_FLOAT8_MATMUL
-    register_saved_op<at::_ops::_scaled_mm>(kernels);
-#endif
     return true;
   }();
   (void)registered;
