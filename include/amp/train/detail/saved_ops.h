@@ -7,9 +7,10 @@
 //   { SavedOpsScope forward(&cache, nullptr); y = fn(x); }      // the matmuls' outputs kept
 //   { SavedOpsScope recompute(nullptr, &cache); y = fn(x); }    // handed back, in order
 //
-// How: kernels for aten::mm, addmm, bmm, baddbmm on DispatchKey::ADInplaceOrView, below Autograd and
-// Autocast, where those functional ops fall through otherwise (every tensor
-// that autograd sees carries the key; the autograd kernel redispatches to it).
+// How: kernels for aten::mm, addmm, bmm, baddbmm on
+// DispatchKey::ADInplaceOrView, below Autograd and Autocast, where those
+// functional ops fall through otherwise (every tensor that autograd sees
+// carries the key; the autograd kernel redispatches to it).
 // Torch's _CachingTorchDispatchMode sits at the same level (the Python key,
 // after autocast's casts and CompositeImplicitAutograd's decompositions), so
 // the same calls are seen: linear's addmm, matmul's mm or bmm. Autograd above
@@ -30,12 +31,12 @@
 // runs; float8 linears are recomputed in full.
 #pragma once
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/baddbmm_ops.h>
 #include <ATen/ops/bmm_ops.h>
-#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/mm_ops.h>
 #include <c10/core/DispatchKey.h>
