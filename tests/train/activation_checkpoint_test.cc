@@ -85,7 +85,11 @@ TEST(ActivationCheckpoint, WithoutTheRandomStateDropoutDrawsOtherMasks) {  // so
     const torch::Tensor x = torch::randn({8, 16}).requires_grad_();
     {
       amp::Region<Bf16, amp::CPU> region;
-      amp::checkpoint(block, x, preserve).to(torch::kFloat).pow(2).mean().backward();
+      amp::checkpoint(block, x, amp::CheckpointOptions().preserve_rng_state(preserve))
+          .to(torch::kFloat)
+          .pow(2)
+          .mean()
+          .backward();
     }
     return x.grad();
   };

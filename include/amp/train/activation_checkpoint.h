@@ -4,6 +4,7 @@
 //
 //   auto y = amp::checkpoint([&](const std::vector<torch::Tensor>& in) { return block(in[0]); }, {x});
 //   auto y = amp::checkpoint(block, x);          // a module (anything callable on one tensor)
+//   auto y = amp::checkpoint(block, x, amp::CheckpointOptions().save_matmuls(true));  // selective
 //
 // The forward runs fn without autograd and records what it ran under: the
 // autocast state (the thread's dispatch keys and autocast dtypes), amp's
@@ -18,12 +19,16 @@
 // also used outside gets its two gradient parts summed in fp32 rather than
 // in the region's 16-bit dtype, as in Python). Float8: the recompute casts
 // with the forward's scales; delayed scaling records the same amax again,
-// which its max leaves unchanged.
+// which its max leaves unchanged. Selective (save_matmuls): the forward also
+// keeps the matmuls' outputs, which the recompute takes instead of running
+// them again (torch's create_selective_checkpoint_contexts saving mm, addmm,
+// bmm, baddbmm; amp/train/detail/saved_ops.h).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <torch/arg.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -42,9 +47,25 @@
 #include "amp/precision/linear_routing.h"
 #include "amp/precision/precision_map.h"
 #include "amp/precision/strict_casts.h"
+#include "amp/train/detail/saved_ops.h"
 #include "amp/train/rng_state.h"
 
 namespace amp {
+
+// How amp::checkpoint runs a function.
+struct CheckpointOptions {
+  // Restore the random generators for the recompute, so that dropout draws
+  // the same masks (Python's preserve_rng_state=True, the default).
+  TORCH_ARG(bool, preserve_rng_state) = true;
+  // Selective checkpointing: keep the outputs of the matmuls (aten::mm, addmm,
+  // bmm, baddbmm) from the forward and recompute only the rest, as Python's
+  // context_fn=partial(create_selective_checkpoint_contexts, [aten.mm.default,
+  // ...]). Costs those outputs' bytes until backward; saves the matmuls' time
+  // there. Float8 linears are recomputed in full. false: save nothing (every
+  // op recomputed).
+  TORCH_ARG(bool, save_matmuls) = false;
+};
+
 namespace detail {
 
 // What a forward ran under, for its recompute; apply() installs it and
@@ -111,11 +132,27 @@ class RecomputeScope {
 
 using CheckpointFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
+// RAII for the forward: autocast's cast cache off. A weight cast there is made
+// without grad; cached, it would serve the rest of the region (a use after
+// the block) and a recompute inside it (backward in the region, a nested
+// checkpoint) with a 16-bit copy that autograd cannot trace to the weight: no
+// gradient. Off, the forward casts each use afresh, to the same values.
+class NoAutocastCache {
+ public:
+  NoAutocastCache() : prev_(compat::autocast_cache_enabled()) { compat::set_autocast_cache_enabled(false); }
+  ~NoAutocastCache() { compat::set_autocast_cache_enabled(prev_); }
+  NoAutocastCache(const NoAutocastCache&) = delete;
+  NoAutocastCache& operator=(const NoAutocastCache&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // The backward node of one amp::checkpoint call.
 class CheckpointNode : public torch::autograd::Node {
  public:
-  CheckpointNode(CheckpointFn fn, std::vector<at::Tensor> inputs, ForwardState state)
-      : fn_(std::move(fn)), inputs_(std::move(inputs)), state_(std::move(state)) {
+  CheckpointNode(CheckpointFn fn, std::vector<at::Tensor> inputs, ForwardState state, std::unique_ptr<SavedOps> saved)
+      : fn_(std::move(fn)), inputs_(std::move(inputs)), state_(std::move(state)), saved_(std::move(saved)) {
     for (const at::Tensor& t : inputs_) versions_.push_back(t._version());
   }
   std::string name() const override { return "amp::CheckpointBackward"; }
@@ -123,6 +160,7 @@ class CheckpointNode : public torch::autograd::Node {
     sizes_ = y.sizes().vec();
     dtype_ = y.scalar_type();
   }
+  const SavedOps* saved_ops() const { return saved_.get(); }  // null: nothing saved (or used up)
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     if (!grads[0].defined()) return torch::autograd::variable_list(inputs_.size());
@@ -135,9 +173,13 @@ class CheckpointNode : public torch::autograd::Node {
     at::Tensor y;
     {
       RecomputeScope scope(state_);
+      c10::optional<SavedOpsScope> replay;
+      if (saved_) replay.emplace(nullptr, saved_.get());
       at::AutoGradMode grad(true);
       y = fn_(xs);
     }
+    if (saved_) saved_->expect_used_up();
+    saved_.reset();
     TORCH_CHECK(y.defined() && y.sizes().vec() == sizes_ && y.scalar_type() == dtype_,
                 "amp: checkpoint's recompute returned ",
                 y.defined() ? y.toString() : std::string("an undefined tensor"), y.defined() ? " " : "",
@@ -156,6 +198,7 @@ class CheckpointNode : public torch::autograd::Node {
   std::vector<at::Tensor> inputs_;
   std::vector<uint32_t> versions_;
   ForwardState state_;
+  std::unique_ptr<SavedOps> saved_;
   std::vector<int64_t> sizes_;
   c10::ScalarType dtype_ = at::kFloat;
 };
@@ -163,28 +206,33 @@ class CheckpointNode : public torch::autograd::Node {
 }  // namespace detail
 
 // fn(inputs) with its intermediates recomputed in backward instead of kept.
-// fn returns one floating-point tensor. preserve_rng_state: restore the random
-// generators for the recompute (dropout draws the same masks), as Python's
-// default. Without autograd (no_grad), just fn(inputs).
+// fn returns one floating-point tensor. Without autograd (no_grad), just fn(inputs).
 template <class F, std::enable_if_t<!std::is_invocable_v<F&, const at::Tensor&>, int> = 0>
-at::Tensor checkpoint(F&& f, const std::vector<at::Tensor>& inputs, bool preserve_rng_state = true) {
+at::Tensor checkpoint(F&& f, const std::vector<at::Tensor>& inputs, const CheckpointOptions& options = {}) {
   detail::CheckpointFn fn(std::forward<F>(f));
   if (!at::GradMode::is_enabled()) return fn(inputs);
   for (size_t i = 0; i < inputs.size(); ++i)
     TORCH_CHECK(inputs[i].defined(), "amp: checkpoint's input ", i,
                 " is undefined; pass the tensors fn reads (others it may capture, but their gradients then "
                 "flow only if they are parameters)");
-  detail::ForwardState state = detail::ForwardState::now(preserve_rng_state);
+  detail::ForwardState state = detail::ForwardState::now(options.preserve_rng_state());
+  std::unique_ptr<detail::SavedOps> saved;
+  if (options.save_matmuls()) saved = std::make_unique<detail::SavedOps>();
   at::Tensor y;
   {
     at::NoGradGuard no_grad;
+    detail::NoAutocastCache no_cache;
+    // Inside another selective checkpoint's recompute, its saved outputs still come first.
+    c10::optional<detail::SavedOpsScope> saving;
+    if (saved) saving.emplace(saved.get(), detail::saved_ops_state().replaying);
     y = fn(inputs);
   }
   TORCH_CHECK(y.defined() && at::isFloatingType(y.scalar_type()),
               "amp: checkpoint's function must return a defined floating-point tensor, got ",
               y.defined() ? c10::toString(y.scalar_type()) : "an undefined tensor");
   y = y.detach();  // its own TensorImpl, even where fn returned an input
-  auto node = detail::compat::make_autograd_node<detail::CheckpointNode>(std::move(fn), inputs, std::move(state));
+  auto node = detail::compat::make_autograd_node<detail::CheckpointNode>(std::move(fn), inputs, std::move(state),
+                                                                         std::move(saved));
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   node->expect_output(y);
   torch::autograd::set_history(y, node);
@@ -194,9 +242,8 @@ at::Tensor checkpoint(F&& f, const std::vector<at::Tensor>& inputs, bool preserv
 // A module's forward (or any callable on one tensor), checkpointed. The
 // module must outlive the backward pass.
 template <class Module, std::enable_if_t<std::is_invocable_v<Module&, const at::Tensor&>, int> = 0>
-at::Tensor checkpoint(Module& module, const at::Tensor& x, bool preserve_rng_state = true) {
-  return checkpoint([&module](const std::vector<at::Tensor>& in) { return at::Tensor(module(in[0])); }, {x},
-                    preserve_rng_state);
+at::Tensor checkpoint(Module& module, const at::Tensor& x, const CheckpointOptions& options = {}) {
+  return checkpoint([&module](const std::vector<at::Tensor>& in) { return at::Tensor(module(in[0])); }, {x}, options);
 }
 
 }  // namespace amp
