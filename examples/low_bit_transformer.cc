@@ -4,7 +4,7 @@
 // trained with LibTorch's AdamW, and how many bytes of state per parameter
 // does each keep?
 //
-//   bazel run //examples:low_bit_transformer [-- --steps=N]   # N: 400 by default
+//   bazel run //examples:low_bit_transformer [-- --steps=N] [-- --checkpoint]   # N: 400 by default
 //
 // The model: a token embedding (vocabulary 64, width 128), learned positions
 // (32), two pre-norm blocks (LayerNorm, 4-head causal self-attention,
@@ -26,10 +26,18 @@
 // training loss of the last 20 steps), its difference from AdamW's, and the
 // optimizer's state bytes per parameter (amp::optimizer_state_bytes: AdamW's
 // 8, the low-bit ones' quantized states plus the fp32 states of the tensors
-// too small to quantize). About a minute of CPU time at 400 steps; on a busy
-// machine OMP_NUM_THREADS=1 can be several times faster than 2 spinning
-// threads. The test runs 30 steps. The exit status is 1 when a loss is not
-// finite, 2 for a bad argument.
+// too small to quantize), the activation bytes of a step (amp::ActivationMeter:
+// what the forward keeps for backward, counted exactly: activations, the
+// loss, and autocast's bf16 copies of the weights), and the time of a step.
+// The two halves of the training memory: optimizer state and activations.
+// --checkpoint trains a second copy of each model in lockstep, its blocks
+// checkpointed (amp::checkpoint), and prints its line after the plain one:
+// fewer activation bytes, the same losses bit for bit, a longer step (the
+// blocks' forwards run again in backward). About a minute of CPU time at 400
+// steps; on a busy machine OMP_NUM_THREADS=1 can be several times faster than
+// 2 spinning threads. The test runs 30 steps with --checkpoint. The exit
+// status is 1 when a loss is not finite (or the checkpointed run's losses
+// differ from the plain one's), 2 for a bad argument.
 #include <amp/amp.h>
 #include <torch/torch.h>
 
@@ -40,7 +48,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -81,12 +91,17 @@ struct TransformerImpl : torch::nn::Module {
     // Causal: position i attends to positions <= i (-inf above the diagonal).
     causal = register_buffer("causal", torch::full({kSeq, kSeq}, -std::numeric_limits<float>::infinity()).triu(1));
   }
-  // tokens: [batch, seq] -> logits [batch, seq, vocab].
+  // tokens: [batch, seq] -> logits [batch, seq, vocab]. With checkpointed,
+  // each block keeps only its input for backward and runs again there.
   torch::Tensor forward(const torch::Tensor& input) {
     auto x = (tokens->forward(input) + positions).transpose(0, 1);  // [seq, batch, width]
-    for (auto& block : blocks) x = block->forward(x, causal);
+    for (auto& block : blocks) {
+      auto run = [&](const std::vector<torch::Tensor>& in) { return block->forward(in[0], causal); };
+      x = checkpointed ? amp::checkpoint(run, {x}) : run({x});
+    }
     return head->forward(norm->forward(x)).transpose(0, 1);
   }
+  bool checkpointed = false;
   torch::nn::Embedding tokens{nullptr};
   torch::Tensor positions, causal;
   std::vector<Block> blocks;
@@ -111,46 +126,80 @@ torch::Tensor make_data() {
 }
 
 struct Result {
-  double loss = 0;             // mean training loss of the last kLastSteps steps
-  double bytes_per_param = 0;  // optimizer state bytes / parameters
-  double ms_per_step = 0;      // wall clock of a whole training step, the first kLastSteps aside
+  double loss = 0;               // mean training loss of the last kLastSteps steps
+  double bytes_per_param = 0;    // optimizer state bytes / parameters
+  double ms_per_step = 0;        // wall clock of a whole training step, the first kLastSteps aside
+  int64_t activation_bytes = 0;  // what the last step's forward kept for backward
+  std::vector<double> losses;    // every step's
 };
 
+// One optimizer's training: the plain model, and with `checkpoint` a second
+// copy (the same initial weights and batches) whose blocks are checkpointed,
+// stepped in lockstep so that both step times see the same machine.
 template <class Optimizer>
-Result train(const torch::Tensor& data, int steps) {
-  torch::manual_seed(0);  // the same initial weights for every optimizer
-  Transformer model;
-  Optimizer optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint) {
   using Policy = amp::Mixed<amp::bf16, amp::NoScaler>;
-  amp::Trainer<Policy, amp::CPU> trainer(model, optimizer, amp::TrainerOptions().progress(false));
-  std::vector<double> losses;
+  struct Run {
+    Transformer model{nullptr};
+    std::unique_ptr<Optimizer> optimizer;
+    std::unique_ptr<amp::Trainer<Policy, amp::CPU>> trainer;
+    Result result;
+    double ms = 0;
+  };
+  std::vector<Run> runs(checkpoint ? 2 : 1);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    torch::manual_seed(0);  // the same initial weights for every optimizer and both runs
+    Run& r = runs[i];
+    r.model = Transformer();
+    r.model->checkpointed = i == 1;
+    r.optimizer =
+        std::make_unique<Optimizer>(r.model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+    r.trainer =
+        std::make_unique<amp::Trainer<Policy, amp::CPU>>(r.model, *r.optimizer, amp::TrainerOptions().progress(false));
+  }
   const int64_t warmup = steps > 2 * kLastSteps ? kLastSteps : 0;
-  auto start = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < steps; ++step) {
-    if (step == warmup) start = std::chrono::steady_clock::now();
     const auto batch = data.narrow(0, (step * kBatch) % kSequences, kBatch);
     const auto input = batch.narrow(1, 0, kSeq), target = batch.narrow(1, 1, kSeq);
-    auto loss = [&](auto& /*region*/) {
-      return torch::nn::functional::cross_entropy(model->forward(input).reshape({-1, kVocab}), target.reshape({-1}));
-    };
-    losses.push_back(trainer.step(loss).loss_value());
+    for (Run& r : runs) {
+      auto loss = [&](auto& /*region*/) {
+        amp::ActivationMeter meter;  // from here, what the forward allocates and keeps
+        auto l =
+            torch::nn::functional::cross_entropy(r.model->forward(input).reshape({-1, kVocab}), target.reshape({-1}));
+        r.result.activation_bytes = meter.bytes();
+        return l;
+      };
+      const auto start = std::chrono::steady_clock::now();
+      r.result.losses.push_back(r.trainer->step(loss).loss_value());
+      if (step >= warmup)
+        r.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    }
   }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  const auto last = std::min<size_t>(losses.size(), kLastSteps);
-  double sum = 0;
-  for (size_t i = losses.size() - last; i < losses.size(); ++i) sum += losses[i];
-  return {sum / static_cast<double>(last),
-          static_cast<double>(amp::optimizer_state_bytes(optimizer)) / amp::parameter_count(optimizer),
-          ms / static_cast<double>(steps - warmup)};
+  std::vector<Result> out;
+  for (Run& r : runs) {
+    const auto& losses = r.result.losses;
+    const auto last = std::min<size_t>(losses.size(), kLastSteps);
+    double sum = 0;
+    for (size_t i = losses.size() - last; i < losses.size(); ++i) sum += losses[i];
+    r.result.loss = sum / static_cast<double>(last);
+    r.result.bytes_per_param =
+        static_cast<double>(amp::optimizer_state_bytes(*r.optimizer)) / amp::parameter_count(*r.optimizer);
+    r.result.ms_per_step = r.ms / static_cast<double>(steps - warmup);
+    out.push_back(std::move(r.result));
+  }
+  return out;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int steps = 400;
+  bool checkpoint = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg.rfind("--steps=", 0) == 0) {
+    if (arg == "--checkpoint") {
+      checkpoint = true;
+    } else if (arg.rfind("--steps=", 0) == 0) {
       char* end = nullptr;
       const long value = std::strtol(arg.c_str() + 8, &end, 10);
       if (end == arg.c_str() + 8 || *end != '\0' || value < 1 || value > 1000000) {
@@ -161,7 +210,8 @@ int main(int argc, char** argv) {
       steps = static_cast<int>(value);
     } else {
       std::fprintf(stderr,
-                   "amp: low_bit_transformer: unknown argument \"%s\" (usage: low_bit_transformer [--steps=N])\n",
+                   "amp: low_bit_transformer: unknown argument \"%s\" (usage: low_bit_transformer [--steps=N] "
+                   "[--checkpoint])\n",
                    arg.c_str());
       return 2;
     }
@@ -170,23 +220,38 @@ int main(int argc, char** argv) {
   const auto data = make_data();
   int64_t params = 0;
   for (const auto& p : Transformer()->parameters()) params += p.numel();
-  std::printf("low_bit_transformer: LibTorch %d.%d, %lld parameters, %d steps\n", TORCH_VERSION_MAJOR,
-              TORCH_VERSION_MINOR, static_cast<long long>(params), steps);
+  std::printf("low_bit_transformer: LibTorch %d.%d, %lld parameters, %d steps%s\n", TORCH_VERSION_MAJOR,
+              TORCH_VERSION_MINOR, static_cast<long long>(params), steps,
+              checkpoint ? ", each also with its blocks checkpointed" : "");
   std::fflush(stdout);
 
-  const Result adamw = train<torch::optim::AdamW>(data, steps);
-  bool finite = true;
-  auto report = [&](const char* name, const Result& r) {
-    finite = finite && std::isfinite(r.loss);
-    std::printf("low_bit_transformer: %s final loss %.4f (%+.1f%% vs AdamW), %.2f state bytes/param, %.2f ms/step\n",
-                name, r.loss, (r.loss / adamw.loss - 1) * 100, r.bytes_per_param, r.ms_per_step);
+  const std::vector<Result> adamw = train<torch::optim::AdamW>(data, steps, checkpoint);
+  bool ok = true;
+  auto report = [&](const char* name, const std::vector<Result>& runs) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const Result& r = runs[i];
+      ok = ok && std::isfinite(r.loss);
+      std::printf(
+          "low_bit_transformer: %s%s final loss %.4f (%+.1f%% vs AdamW), %.2f state bytes/param, %lld "
+          "activation bytes/step, %.2f ms/step",
+          name, i == 1 ? " checkpointed" : "", r.loss, (r.loss / adamw[0].loss - 1) * 100, r.bytes_per_param,
+          static_cast<long long>(r.activation_bytes), r.ms_per_step);
+      if (i == 1) {
+        const bool same = r.losses == runs[0].losses;  // checkpointing changes no bit
+        ok = ok && same;
+        std::printf(" (%.2fx the activations, %.2fx the time; losses %s)",
+                    static_cast<double>(r.activation_bytes) / static_cast<double>(runs[0].activation_bytes),
+                    r.ms_per_step / runs[0].ms_per_step, same ? "bitwise equal" : "DIFFER");
+      }
+      std::printf("\n");
+    }
     std::fflush(stdout);
   };
   report("AdamW", adamw);
-  report("AdamW8bit", train<amp::AdamW8bit>(data, steps));
-  report("AdamW4bit", train<amp::AdamW4bit>(data, steps));
+  report("AdamW8bit", train<amp::AdamW8bit>(data, steps, checkpoint));
+  report("AdamW4bit", train<amp::AdamW4bit>(data, steps, checkpoint));
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
-  report("AdamWFp8", train<amp::AdamWFp8>(data, steps));
+  report("AdamWFp8", train<amp::AdamWFp8>(data, steps, checkpoint));
 #endif
-  return finite ? 0 : 1;
+  return ok ? 0 : 1;
 }

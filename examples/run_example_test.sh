@@ -71,12 +71,22 @@ case "$name" in
   low_bit_transformer)
     # One thread: a quality check, not a timing, and OpenMP's spinning threads
     # make a 2-thread run several times slower on a busy 2-core machine.
-    OMP_NUM_THREADS=1 "$bin" --steps=30 >out.txt 2>err.txt || { cat out.txt err.txt; fail "exit code"; }
+    # --checkpoint: each optimizer also trains a copy with checkpointed blocks.
+    OMP_NUM_THREADS=1 "$bin" --steps=30 --checkpoint >out.txt 2>err.txt || { cat out.txt err.txt; fail "exit code"; }
     cat out.txt
-    grep -qE '^low_bit_transformer: LibTorch [0-9]+\.[0-9]+, [0-9]+ parameters, 30 steps$' out.txt || fail "header line"
+    grep -qE '^low_bit_transformer: LibTorch [0-9]+\.[0-9]+, [0-9]+ parameters, 30 steps, each also with its blocks checkpointed$' \
+      out.txt || fail "header line"
+    num='[0-9]+\.[0-9]+'
     for o in AdamW AdamW8bit AdamW4bit; do
-      grep -qE "^low_bit_transformer: $o final loss [0-9]+\.[0-9]+ \([+-][0-9.]+% vs AdamW\), [0-9.]+ state bytes/param, [0-9.]+ ms/step\$" \
-        out.txt || fail "no line for $o"
+      line="final loss $num \([+-][0-9.]+% vs AdamW\), [0-9.]+ state bytes/param, [0-9]+ activation bytes/step, $num ms/step"
+      grep -qE "^low_bit_transformer: $o $line\$" out.txt || fail "no line for $o"
+      grep -qE "^low_bit_transformer: $o checkpointed $line \(${num}x the activations, ${num}x the time; losses bitwise equal\)\$" \
+        out.txt || fail "no checkpointed line for $o (or its losses differ)"
+      # Checkpointing the blocks keeps fewer activation bytes (counted by amp::ActivationMeter).
+      plain=$(sed -nE "s/^low_bit_transformer: $o final loss .*, ([0-9]+) activation bytes\/step.*/\1/p" out.txt)
+      ckpt=$(sed -nE "s/^low_bit_transformer: $o checkpointed final loss .*, ([0-9]+) activation bytes\/step.*/\1/p" out.txt)
+      [ -n "$plain" ] && [ -n "$ckpt" ] && [ "$ckpt" -gt 0 ] && [ "$ckpt" -lt "$plain" ] ||
+        fail "$o: checkpointed activation bytes ($ckpt) not below the plain run's ($plain)"
     done
     if "$bin" --steps=0 >bad.txt 2>&1; then fail "--steps=0 accepted"; fi
     grep -q "amp: low_bit_transformer's --steps must be" bad.txt || fail "bad --steps message"

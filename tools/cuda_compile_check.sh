@@ -15,7 +15,7 @@ flags=(-std=c++17 -fsyntax-only -Wall -Wextra -Werror -Iinclude -isystem "$torch
 on=$(mktemp --suffix=.cc)
 trap 'rm -f "$on"' EXIT
 printf '#include <amp/amp.h>\n#if !AMP_WITH_CUDA\n#error AMP_WITH_CUDA is 0 with CUDA headers on the path\n#endif\nint main() {}\n' >"$on"
-units=("$on" tests/capture/capture_cuda_test.cc tests/parity/parity.cc "bench/fused_step_bench.cc -DAMP_LIBTORCH_HAS_CUDA=1"
+units=("$on" tests/capture/capture_cuda_test.cc tests/train/activation_meter_test.cc tests/parity/parity.cc "bench/fused_step_bench.cc -DAMP_LIBTORCH_HAS_CUDA=1"
        "bench/float8_ffn_bench.cc -DAMP_LIBTORCH_HAS_CUDA=1")
 for f in tests/*/*_test.cc; do
   grep -q 'AMP_HAS_NCCL' "$f" && units+=("$f")

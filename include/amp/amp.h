@@ -38,6 +38,7 @@
 #include "amp/float8/recipe.h"
 // train: Stepper, Trainer, Fabric, checkpoints, history
 #include "amp/train/activation_checkpoint.h"
+#include "amp/train/activation_meter.h"
 #include "amp/train/checkpoint.h"
 #include "amp/train/history.h"
 #include "amp/train/fabric.h"

@@ -51,6 +51,20 @@ inline int64_t cuda_reserved_bytes(c10::DeviceIndex device) {
   return stats.reserved_bytes[0].current;  // [0]: StatType::AGGREGATE in every version
 }
 
+// The caching allocator's allocated bytes on `device` (blocks in use, all
+// pools) now and at their peak, and the reset of every peak statistic there
+// (torch.cuda.reset_peak_memory_stats).
+struct CudaAllocatedBytes {
+  int64_t current = 0, peak = 0;
+};
+inline CudaAllocatedBytes cuda_allocated_bytes(c10::DeviceIndex device) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  return {stats.allocated_bytes[0].current, stats.allocated_bytes[0].peak};  // [0]: StatType::AGGREGATE
+}
+inline void cuda_reset_peak_allocated_bytes(c10::DeviceIndex device) {
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+}
+
 inline void cuda_synchronize() { c10::cuda::device_synchronize(); }
 
 // The default CUDA generator's state on `device` (dropout's random numbers).
