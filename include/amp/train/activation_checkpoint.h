@@ -36,9 +36,11 @@
 #include <utility>
 #include <vector>
 
+#include "amp/detail/compat_cuda.h"
 #include "amp/detail/compat_float8.h"
 #include "amp/detail/compat_ops.h"
 #include "amp/float8/delayed.h"
+#include "amp/precision/autocast.h"
 #include "amp/precision/linear_routing.h"
 #include "amp/precision/precision_map.h"
 #include "amp/precision/strict_casts.h"
@@ -145,6 +147,12 @@ class CheckpointNode : public torch::autograd::Node {
                 c10::IntArrayRef(sizes_),
                 "; the function must compute the same thing each time (no state that changes between calls)");
     if (y.requires_grad()) torch::autograd::backward({y}, {grads[0]});
+    for (size_t i = 0; i < xs.size(); ++i)
+      TORCH_CHECK(!y.requires_grad() || !inputs_[i].requires_grad() || xs[i].grad().defined(),
+                  "amp: checkpoint's input ", i,
+                  " requires grad but the function's output does not depend on it: fn must read its inputs from "
+                  "the vector it is given (in[",
+                  i, "]), not a tensor it captured; pass only the tensors it reads");
     torch::autograd::variable_list out;
     for (size_t i = 0; i < xs.size(); ++i) out.push_back(inputs_[i].requires_grad() ? xs[i].grad() : at::Tensor());
     inputs_.clear();  // the graph is used once (retain_graph is not supported)
@@ -170,6 +178,13 @@ template <class F, std::enable_if_t<!std::is_invocable_v<F&, const at::Tensor&>,
 at::Tensor checkpoint(F&& f, const std::vector<at::Tensor>& inputs, bool preserve_rng_state = true) {
   detail::CheckpointFn fn(std::forward<F>(f));
   if (!at::GradMode::is_enabled()) return fn(inputs);
+#if AMP_WITH_CUDA
+  for (const at::Tensor& t : inputs)
+    TORCH_CHECK(!(t.defined() && t.is_cuda() && detail::compat::cuda_stream_capturing(t.get_device())),
+                "amp: checkpoint cannot run while a CUDA graph is being captured (its random-state save and restore "
+                "and its recompute in backward are not capturable); call the block without amp::checkpoint in the "
+                "captured step");
+#endif
   for (size_t i = 0; i < inputs.size(); ++i)
     TORCH_CHECK(inputs[i].defined(), "amp: checkpoint's input ", i,
                 " is undefined; pass the tensors fn reads (others it may capture, but their gradients then "
@@ -178,6 +193,10 @@ at::Tensor checkpoint(F&& f, const std::vector<at::Tensor>& inputs, bool preserv
   at::Tensor y;
   {
     at::NoGradGuard no_grad;
+    // A cast of a parameter cached now would have no history, and a later use
+    // of the same weight outside fn in the region would reuse it and get no
+    // gradient (LibTorch 1.13 and 2.6 cache it so; measured).
+    detail::AutocastCacheOff no_cache;
     y = fn(inputs);
   }
   TORCH_CHECK(y.defined() && at::isFloatingType(y.scalar_type()),
