@@ -20,6 +20,7 @@
 #include "process_case.h"
 #include "amp/train/fabric.h"
 #include "amp/scaler/dynamic_scaler.h"
+#include "amp/train/activation_checkpoint.h"
 #include "amp/train/trainer.h"
 #include "amp/version.h"
 
@@ -549,6 +550,74 @@ void fit_shards() {
   std::cout << "PASS fit" << std::endl;
 }
 
+// amp::checkpoint under DataParallel: three copies side by side in one
+// process group, bf16-mixed AdamW, two residual blocks with dropout (each
+// step's masks drawn from the same seed in every copy): A plain, B with its
+// blocks checkpointed, C checkpointed with ShardedOptimizer. Every loss and
+// parameter bitwise A's; each of B's parameter hooks fires once per step.
+struct CkptNetImpl : torch::nn::Module {
+  explicit CkptNetImpl(bool checkpointed) : checkpointed(checkpointed) {
+    torch::manual_seed(7);
+    in = register_module("in", torch::nn::Linear(16, 32));
+    for (int i = 0; i < 2; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i),
+                                       torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::GELU(),
+                                                             torch::nn::Dropout(0.1), torch::nn::Linear(64, 32))));
+    out = register_module("out", torch::nn::Linear(32, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = in(x);
+    for (auto& b : blocks) {
+      auto f = [&b](const std::vector<torch::Tensor>& v) { return b->forward(v[0]); };
+      h = h + (checkpointed ? amp::checkpoint(f, {h}) : f({h}));
+    }
+    return out(h);
+  }
+  bool checkpointed;
+  torch::nn::Linear in{nullptr}, out{nullptr};
+  std::vector<torch::nn::Sequential> blocks;
+};
+TORCH_MODULE(CkptNet);
+
+void checkpointed_blocks() {
+  using P = amp::Mixed<amp::bf16, amp::NoScaler>;
+  auto pg = init();
+  CkptNet a(false), b(true), c(true);
+  const auto options = torch::optim::AdamWOptions(1e-2);
+  torch::optim::AdamW opt_a(a->parameters(), options), opt_b(b->parameters(), options);
+  amp::ShardedOptimizer<torch::optim::AdamW> opt_c(pg, c->parameters(), options);
+  const auto to = amp::TrainerOptions().progress(false);
+  amp::Trainer<P, amp::CPU> ta(a, opt_a, to), tb(b, opt_b, to), tc(c, opt_c, to);
+  amp::DataParallel dp_a(pg, ta), dp_b(pg, tb), dp_c(pg, tc);
+  std::vector<int64_t> fired(b->parameters().size(), 0);
+  for (size_t j = 0; j < fired.size(); ++j)
+    b->parameters()[j].register_hook([&fired, j](const torch::Tensor&) { ++fired[j]; });
+  const int64_t steps = 20;
+  for (int64_t s = 0; s < steps; ++s) {
+    auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
+    auto step = [&, x = x, y = y](auto& t, CkptNet& net) {
+      torch::manual_seed(500 + static_cast<uint64_t>(s));  // the same dropout masks in A, B and C
+      return t.step([&](auto&) { return (net->forward(x).to(torch::kFloat) - y).pow(2).mean(); }).loss_value();
+    };
+    const double la = step(ta, a), lb = step(tb, b), lc = step(tc, c);
+    check(la == lb && la == lc, "step " + std::to_string(s) + ": the losses differ");
+    for (size_t j = 0; j < fired.size(); ++j)
+      check(fired[j] == s + 1, "parameter " + std::to_string(j) + "'s hook fired " + std::to_string(fired[j]) +
+                                   " times in " + std::to_string(s + 1) + " steps");
+  }
+  for (size_t j = 0; j < a->parameters().size(); ++j) {
+    check(torch::equal(a->parameters()[j], b->parameters()[j]),
+          "parameter " + std::to_string(j) + ": B differs from A");
+    check(torch::equal(a->parameters()[j], c->parameters()[j]),
+          "parameter " + std::to_string(j) + ": C differs from A");
+  }
+  check(dp_b.allreduces() == dp_a.allreduces() && dp_b.bucket_layout() == dp_a.bucket_layout(),
+        "the checkpointed copy's buckets differ from the plain one's");
+  check_identical(dp_b, tb, "checkpointed");
+  std::cout << "PASS " << test_case::name << " world " << pg.world_size() << ": " << steps
+            << " steps, checkpointed (DataParallel and ShardedOptimizer) == plain, bitwise" << std::endl;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -587,6 +656,8 @@ int main(int argc, char** argv) {
       mismatch();
     else if (test_case::name == "fit")
       fit_shards();
+    else if (test_case::name == "checkpoint")
+      checkpointed_blocks();
     else if (test_case::name == "float8_rowwise")
       float8_rowwise();
     else if (test_case::name == "float8")

@@ -22,7 +22,7 @@ run() {
 }
 case "$group" in
   ranks2)
-    for c in fp32 bf16 fp16 true_bf16 true_fp16 half_grads compress_fp16 compress_bf16 parity inf accumulate mismatch fit precision float8 float8_rowwise; do run 2 "$c"; done
+    for c in fp32 bf16 fp16 true_bf16 true_fp16 half_grads compress_fp16 compress_bf16 parity inf accumulate mismatch fit precision float8 float8_rowwise checkpoint; do run 2 "$c"; done
     run 2 rng_resume "$work/rng2.pt"
     ;;
   ranks4)

@@ -3,8 +3,9 @@
 // step without checkpointing, bit for bit: a bf16 region with dropout; a
 // precision map that keeps the block's second layer in fp32 (routing and the
 // map switch themselves off inside backward, except in the recompute); the
-// Trainer over several steps. Errors: a recompute that returns another shape,
-// an input changed in place.
+// Trainer over several steps; a weight used inside a block and after it.
+// Errors: a recompute that returns another shape, an input changed in place,
+// an input that requires grad and that the function does not read.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -153,6 +154,47 @@ TEST(ActivationCheckpoint, ErrorsNameTheFix) {
     x.add_(1);
     EXPECT_THAT(error_of([&] { y.sum().backward(); }), HasSubstr("was modified in place after the forward"));
   }
+}
+
+// An input that requires grad but that fn does not read (it reads a tensor
+// it captured instead) would get no gradient: an error. What cannot be
+// detected: a captured tensor with history (another layer's output) gets its
+// gradient through the recompute, as in torch's reentrant variant; a
+// captured leaf, a parameter or not, gets its gradient as a parameter does.
+TEST(ActivationCheckpoint, AnInputTheFunctionDoesNotReadIsAnError) {
+  torch::manual_seed(0);
+  torch::nn::Linear a(8, 8), b(8, 8);
+  const torch::Tensor x = torch::randn({4, 8});
+  const torch::Tensor h = a(x);  // requires grad, has history
+  const torch::Tensor y = amp::checkpoint([&](const std::vector<torch::Tensor>&) { return b(h); }, {h});
+  EXPECT_THAT(error_of([&] { y.sum().backward(); }),
+              HasSubstr("amp: checkpoint's input 0 requires grad but the function's output does not depend on it"));
+  const torch::Tensor leaf = torch::randn({4, 8}).requires_grad_();  // a captured leaf: as a parameter
+  amp::checkpoint([&](const std::vector<torch::Tensor>& in) { return b(in[0]) * leaf; }, {x}).sum().backward();
+  EXPECT_TRUE(torch::equal(leaf.grad(), b(x).detach()));
+}
+
+// A weight used inside a checkpointed block and again after it in the same
+// region gets both gradient parts (summed in fp32 rather than bf16: close,
+// not bitwise). The checkpoint's forward, without autograd, must not leave a
+// cast without history in autocast's cache for the second use (1.13 and 2.6
+// gave 215 instead of 299 here: the second use's part was lost).
+TEST(ActivationCheckpoint, AWeightUsedInsideAndAfterABlockGetsBothGradientParts) {
+  auto grad = [](bool checkpointed) {
+    torch::manual_seed(0);
+    torch::nn::Linear lin(16, 16);
+    const torch::Tensor x = torch::randn({4, 16});
+    torch::Tensor loss;
+    {
+      amp::Region<Bf16, amp::CPU> region;
+      const torch::Tensor h = checkpointed ? amp::checkpoint(lin, x) : lin(x).to(torch::kFloat);
+      loss = lin(h).to(torch::kFloat).pow(2).sum();
+    }
+    loss.backward();
+    return lin->weight.grad();
+  };
+  const torch::Tensor with = grad(true), without = grad(false);
+  EXPECT_TRUE(torch::allclose(with, without, 1e-2, 1e-3)) << (with - without).abs().max().item<double>();
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -77,6 +78,14 @@ inline void set_cuda_rng_state(c10::DeviceIndex device, const at::Tensor& state)
   at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
+}
+
+// Whether `device`'s current stream is capturing a CUDA graph (call it where
+// the device has a context: it would make one).
+inline bool cuda_stream_capturing(c10::DeviceIndex device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device), &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 // A stream other than the current one, for warm-up and capture (a graph

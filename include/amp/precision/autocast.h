@@ -105,6 +105,20 @@ class AutocastState {
   bool prev_cache_enabled_;
 };
 
+// Autocast's weight-cast cache off for the scope: a captured step's cached
+// cast would be recorded once and never redone (replaying stale weights);
+// amp::checkpoint's forward without autograd would cache casts without history.
+class AutocastCacheOff {
+ public:
+  AutocastCacheOff() : was_(compat::autocast_cache_enabled()) { compat::set_autocast_cache_enabled(false); }
+  ~AutocastCacheOff() { compat::set_autocast_cache_enabled(was_); }
+  AutocastCacheOff(const AutocastCacheOff&) = delete;
+  AutocastCacheOff& operator=(const AutocastCacheOff&) = delete;
+
+ private:
+  bool was_;
+};
+
 }  // namespace detail
 
 // Autocast<Dtype, Device>: eligible ops on Device run in Dtype (fp16 or bf16)

@@ -41,9 +41,11 @@
 #include <utility>
 #include <vector>
 
+#include "amp/detail/compat_cuda.h"
 #include "amp/detail/compat_float8.h"
 #include "amp/detail/compat_ops.h"
 #include "amp/float8/delayed.h"
+#include "amp/precision/autocast.h"
 #include "amp/precision/linear_routing.h"
 #include "amp/precision/precision_map.h"
 #include "amp/precision/strict_casts.h"
@@ -132,22 +134,6 @@ class RecomputeScope {
 
 using CheckpointFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
-// RAII for the forward: autocast's cast cache off. A weight cast there is made
-// without grad; cached, it would serve the rest of the region (a use after
-// the block) and a recompute inside it (backward in the region, a nested
-// checkpoint) with a 16-bit copy that autograd cannot trace to the weight: no
-// gradient. Off, the forward casts each use afresh, to the same values.
-class NoAutocastCache {
- public:
-  NoAutocastCache() : prev_(compat::autocast_cache_enabled()) { compat::set_autocast_cache_enabled(false); }
-  ~NoAutocastCache() { compat::set_autocast_cache_enabled(prev_); }
-  NoAutocastCache(const NoAutocastCache&) = delete;
-  NoAutocastCache& operator=(const NoAutocastCache&) = delete;
-
- private:
-  bool prev_;
-};
-
 // The backward node of one amp::checkpoint call.
 class CheckpointNode : public torch::autograd::Node {
  public:
@@ -187,6 +173,12 @@ class CheckpointNode : public torch::autograd::Node {
                 c10::IntArrayRef(sizes_),
                 "; the function must compute the same thing each time (no state that changes between calls)");
     if (y.requires_grad()) torch::autograd::backward({y}, {grads[0]});
+    for (size_t i = 0; i < xs.size(); ++i)
+      TORCH_CHECK(!y.requires_grad() || !inputs_[i].requires_grad() || xs[i].grad().defined(),
+                  "amp: checkpoint's input ", i,
+                  " requires grad but the function's output does not depend on it: fn must read its inputs from "
+                  "the vector it is given (in[",
+                  i, "]), not a tensor it captured; pass only the tensors it reads");
     torch::autograd::variable_list out;
     for (size_t i = 0; i < xs.size(); ++i) out.push_back(inputs_[i].requires_grad() ? xs[i].grad() : at::Tensor());
     inputs_.clear();  // the graph is used once (retain_graph is not supported)
@@ -211,6 +203,13 @@ template <class F, std::enable_if_t<!std::is_invocable_v<F&, const at::Tensor&>,
 at::Tensor checkpoint(F&& f, const std::vector<at::Tensor>& inputs, const CheckpointOptions& options = {}) {
   detail::CheckpointFn fn(std::forward<F>(f));
   if (!at::GradMode::is_enabled()) return fn(inputs);
+#if AMP_WITH_CUDA
+  for (const at::Tensor& t : inputs)
+    TORCH_CHECK(!(t.defined() && t.is_cuda() && detail::compat::cuda_stream_capturing(t.get_device())),
+                "amp: checkpoint cannot run while a CUDA graph is being captured (its random-state save and restore "
+                "and its recompute in backward are not capturable); call the block without amp::checkpoint in the "
+                "captured step");
+#endif
   for (size_t i = 0; i < inputs.size(); ++i)
     TORCH_CHECK(inputs[i].defined(), "amp: checkpoint's input ", i,
                 " is undefined; pass the tensors fn reads (others it may capture, but their gradients then "
@@ -221,7 +220,11 @@ at::Tensor checkpoint(F&& f, const std::vector<at::Tensor>& inputs, const Checkp
   at::Tensor y;
   {
     at::NoGradGuard no_grad;
-    detail::NoAutocastCache no_cache;
+    // A weight cast cached now would have no history: a later use of the same
+    // weight in the region, or a recompute inside it (backward in the region,
+    // a nested checkpoint), would reuse it and get no gradient. Off, each use
+    // is cast afresh, to the same values.
+    detail::AutocastCacheOff no_cache;
     // Inside another selective checkpoint's recompute, its saved outputs still come first.
     c10::optional<detail::SavedOpsScope> saving;
     if (saved) saving.emplace(saved.get(), detail::saved_ops_state().replaying);

@@ -22,6 +22,7 @@
 #include "amp/detail/compat_cuda.h"
 #include "amp/detail/compat_ops.h"
 #include "amp/core/device.h"
+#include "amp/precision/autocast.h"
 #include "amp/train/stepper.h"
 
 namespace amp {
@@ -77,19 +78,6 @@ class OptimizerOptionsSnapshot {
 
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options_;
   std::vector<size_t> sizes_;
-};
-
-// Autocast's weight-cast cache off for the scope: a cached cast would be
-// recorded once and never redone, replaying stale weights.
-class AutocastCacheOff {
- public:
-  AutocastCacheOff() : was_(compat::autocast_cache_enabled()) { compat::set_autocast_cache_enabled(false); }
-  ~AutocastCacheOff() { compat::set_autocast_cache_enabled(was_); }
-  AutocastCacheOff(const AutocastCacheOff&) = delete;
-  AutocastCacheOff& operator=(const AutocastCacheOff&) = delete;
-
- private:
-  bool was_;
 };
 
 // Why a Stepper's step cannot be captured, in words that say what to change;
