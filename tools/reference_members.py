@@ -14,9 +14,9 @@ class's own section. A class that is not found is an error.
 
 doc: each section of the page whose heading holds `amp::Name` in backticks
 (up to the next heading of any level); in it, each table row whose first cell
-starts with code (one or more spans, comma-separated): the member name in each signature (the identifier before its first
-`(` past any `template <...>`, `operator...`, a `using` alias's name, or the
-last identifier of a field).
+starts with code (one or more spans, comma-separated): the member name in each
+signature (the identifier before its first `(` past any `template <...>`,
+`operator...`, a `using` alias's name, or the last identifier of a field).
 
 A tokenizer, not a C++ parser: tools/public_api.py's (comments, literals and
 preprocessor lines dropped).
