@@ -87,7 +87,7 @@ void BM_AdamW(benchmark::State& state) { run_own_step<torch::optim::AdamW>(state
 
 void BM_AdamWFused(benchmark::State& state) {
   torch::optim::AdamW optimizer(make_params(), options());
-  if (amp::fused_kind(optimizer, c10::DeviceType::CPU) == amp::FusedKind::kNone)
+  if (amp::detail::fused_kind(optimizer, c10::DeviceType::CPU) == amp::FusedKind::kNone)
     return state.SkipWithError("no CPU fused AdamW in this LibTorch");
   amp::FusedStep fused(optimizer);
   run(state, optimizer, [&] { fused.step(); });

@@ -131,7 +131,7 @@ int run(int64_t iterations) {
     return 0;
   } else {
     std::fprintf(stderr, "amp: %s on CPU needs LibTorch >= 2.3 (this is %d.%d); use bf16-mixed\n",
-                 amp::policy_traits<Policy>::name, amp::kLibTorchMajor, amp::kLibTorchMinor);
+                 amp::policy_traits<Policy>::name, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
     return 2;
   }
 }

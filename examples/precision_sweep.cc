@@ -264,8 +264,8 @@ std::string optimizer_note(const Config& cfg) {
 
 void print_table(const std::vector<Row>& rows, const Config& cfg) {
   const Row* base = baseline(rows);
-  std::cout << "\nprecision sweep on " << cfg.device << " (LibTorch " << amp::kLibTorchMajor << "."
-            << amp::kLibTorchMinor << "; MLP " << Task::kIn << "-" << cfg.hidden << "-" << cfg.hidden << "-"
+  std::cout << "\nprecision sweep on " << cfg.device << " (LibTorch " << TORCH_VERSION_MAJOR << "."
+            << TORCH_VERSION_MINOR << "; MLP " << Task::kIn << "-" << cfg.hidden << "-" << cfg.hidden << "-"
             << Task::kClasses << ", batch " << cfg.batch_size << optimizer_note(cfg) << ")\n";
   std::cout << std::left << std::setw(17) << "precision" << std::right << std::setw(11) << "final loss" << std::setw(10)
             << "accuracy" << std::setw(9) << "steps/s" << std::setw(10) << "speedup" << std::setw(13) << "peak memory"
@@ -539,7 +539,7 @@ int main(int argc, char** argv) {
   if (cfg.optimizer == "adamwfp8" && !AMP_DETAIL_HAS_FLOAT8_DTYPE) {
     std::cerr << "amp: --optimizer=adamwfp8 needs fp8 dtypes (float8_e4m3fn, LibTorch 2.1 or newer), but this is "
                  "LibTorch "
-              << amp::kLibTorchMajor << "." << amp::kLibTorchMinor
+              << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR
               << "; use --optimizer=adamw8bit (the same state bytes per parameter)\n";
     return 2;
   }

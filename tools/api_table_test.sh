@@ -7,7 +7,9 @@
 # With no arguments (from the repository root): tools/public_api.py,
 # docs/api.md, include/. Bazel passes the script, //:docs (the table is the
 # argument that ends in docs/api.md) and //:amp_headers (include/ is the
-# folder above their amp/).
+# folder above their amp/). It also counts the rows per tier (the `## Core`,
+# `## Features` and `## Extension points` headings): at most 45 core names and
+# 100 in all, every row in a tier.
 set -u
 export LC_ALL=C  # one collation for sort and comm
 script=${1:-tools/public_api.py}
@@ -48,4 +50,31 @@ while IFS= read -r name; do
 done < <(cut -f1 "$tmp/table" | uniq -d)
 echo "$(wc -l < "$tmp/headers") public names in $include, $(wc -l < "$tmp/table") rows in $table:" \
   "$missing missing from the table, $stale not in the headers, $twice listed twice"
-[ $((missing + stale + twice)) -eq 0 ]
+
+# The tiers (issue 49): every row under one of the headings `## Core`,
+# `## Features`, `## Extension points`; at most max_core core names and
+# max_total in all (the public surface is a budget, not a log).
+max_core=45 max_total=100
+# shellcheck disable=SC2016  # the backticks are Markdown's
+awk -F'|' '/^## / { tier = substr($0, 4) }
+  /^\|/ && $2 ~ /^ *`[^`]+` *$/ && $3 ~ /^ *`[^`]+` *$/ { name = $2; gsub(/[ `]/, "", name); print (tier == "" ? "(none)" : tier) "\t" name }' \
+  "$table" > "$tmp/tiers"
+count() { awk -F'\t' -v t="$1" '$1 == t' "$tmp/tiers" | wc -l; }
+core=$(count Core) features=$(count Features) extension=$(count "Extension points") total=$(wc -l < "$tmp/table")
+untiered=0
+while IFS=$'\t' read -r tier name; do
+  case "$tier" in
+    Core | Features | "Extension points") ;;
+    *) echo "in no tier (## Core, ## Features, ## Extension points): $name (under '$tier')"; untiered=$((untiered + 1)) ;;
+  esac
+done < "$tmp/tiers"
+over=0
+if [ "$core" -gt "$max_core" ]; then
+  echo "FAIL: $core core names, more than $max_core: move one to Features or Extension points, or to detail"; over=1
+fi
+if [ "$total" -gt "$max_total" ]; then
+  echo "FAIL: $total public names, more than $max_total: move names a user never writes to a detail namespace"; over=1
+fi
+echo "tiers: $core core (at most $max_core), $features features, $extension extension points;" \
+  "$total in all (at most $max_total); $untiered in no tier"
+[ $((missing + stale + twice + untiered + over)) -eq 0 ]

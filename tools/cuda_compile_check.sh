@@ -4,7 +4,7 @@
 #   tools/cuda_compile_check.sh TORCH_INCLUDE CUDA_INCLUDE
 # TORCH_INCLUDE: e.g. Debian 13's libtorch-cuda-dev unpacked (tools/dev does
 # that); CUDA_INCLUDE: cuda_runtime_api.h and nccl.h. Each translation unit
-# that has CUDA-only code (under AMP_WITH_CUDA / AMP_HAS_NCCL) is one test;
+# that has CUDA-only code (under AMP_DETAIL_WITH_CUDA / AMP_DETAIL_HAS_NCCL) is one test;
 # prints "CUDA code, compile only (...): N passed, M failed" to fd 3 (or stdout).
 set -u
 torch_inc=$1 cuda_inc=$2
@@ -14,17 +14,22 @@ flags=(-std=c++17 -fsyntax-only -Wall -Wextra -Werror -Iinclude -isystem "$torch
        -isystem "$torch_inc/torch/csrc/api/include" -isystem "$cuda_inc" -DUSE_C10D_GLOO -DUSE_C10D_NCCL)
 on=$(mktemp --suffix=.cc)
 trap 'rm -f "$on"' EXIT
-printf '#include <amp/amp.h>\n#if !AMP_WITH_CUDA\n#error AMP_WITH_CUDA is 0 with CUDA headers on the path\n#endif\nint main() {}\n' >"$on"
+printf '#include <amp/amp.h>
+#if !AMP_DETAIL_WITH_CUDA
+#error AMP_DETAIL_WITH_CUDA is 0 with CUDA headers on the path
+#endif
+int main() {}
+' >"$on"
 units=("$on" tests/capture/capture_cuda_test.cc tests/train/activation_meter_test.cc tests/parity/parity.cc "bench/fused_step_bench.cc -DAMP_LIBTORCH_HAS_CUDA=1"
        "bench/float8_ffn_bench.cc -DAMP_LIBTORCH_HAS_CUDA=1")
 for f in tests/*/*_test.cc; do
-  grep -q 'AMP_HAS_NCCL' "$f" && units+=("$f")
+  grep -q 'AMP_DETAIL_HAS_NCCL' "$f" && units+=("$f")
 done
 passed=0 failed=0
 for unit in "${units[@]}"; do
   read -r -a args <<<"$unit"
   name=${args[0]}
-  [ "$name" = "$on" ] && name="amp.h with AMP_WITH_CUDA"
+  [ "$name" = "$on" ] && name="amp.h with AMP_DETAIL_WITH_CUDA"
   if log=$(${CXX:-g++} "${flags[@]}" "${args[@]}" 2>&1); then
     passed=$((passed + 1))
     echo "PASS: $name" >&2

@@ -5,7 +5,9 @@
     reference_members.py doc REFERENCE_MD               CLASS<TAB>member, from the page
 
 headers: for each class named (amp::Trainer, amp::float8::X), its primary
-definition in a header under INCLUDE_DIR (namespace amp, outside `detail`),
+definition in a header under INCLUDE_DIR (namespace amp; a class in a
+`detail` namespace only where the page names it so, as the class template
+behind public aliases),
 and its public members: member functions and constructors (overloads are one
 name; destructors, copy and move members and `= delete`d ones are left out), TORCH_ARG options (the
 fluent setter and getter: after one, as in LibTorch, the section is private),
@@ -157,7 +159,7 @@ def classes_in(path):
                 continue
             close = skip_group(toks, i, "}")
             if head[:1] and head[0] in CLASS_KEYS and len(head) > 2 and IDENT.match(head[1]) and head[2] in (
-                    "{", ":", "final") and not any(n == "detail" for ns in stack for n in ns):
+                    "{", ":", "final"):
                 ns = [n for names in stack for n in names]
                 if ns[:1] == ["amp"]:
                     out["::".join(ns + [head[1]])] = (toks, i + 1, close - 1, head[0] != "class")

@@ -15,7 +15,7 @@ required="amp::Trainer amp::TrainerOptions amp::FitOptions amp::History amp::Ste
   amp::StepOptions amp::Stepper amp::GradientSync amp::UserState amp::Fabric amp::FabricOptions amp::Region
   amp::RegionOptions amp::Autocast amp::AutocastDisabled amp::PrecisionMap amp::DynamicScaler
   amp::DynamicScalerOptions amp::StaticScaler amp::StaticScalerOptions amp::NoScaler amp::LossScalerBase
-  amp::LowBitAdam amp::LowBitOptions amp::ShardedOptimizer amp::CheckpointOptions amp::ActivationMeter"
+  amp::detail::LowBitAdam amp::LowBitOptions amp::ShardedOptimizer amp::CheckpointOptions amp::ActivationMeter"
 script=${1:-tools/reference_members.py}
 [ $# -gt 0 ] && shift
 page="" include=""

@@ -25,9 +25,9 @@ std::string recipe_name() {
 template <class P>
 std::string type_name() {
   using T = amp::policy_traits<P>;
-  if constexpr (amp::is_float8_v<P>)
+  if constexpr (amp::detail::is_float8_v<P>)
     return "`Float8<" + recipe_name<typename T::recipe_type>() + ">`";
-  else if constexpr (amp::is_mixed_v<P>)
+  else if constexpr (amp::detail::is_mixed_v<P>)
     return "`Mixed<" + dtype_name<typename T::compute_type>() + ", " +
            std::string(amp::detail::builtin_scaler<typename T::scaler_type>::name) + ">`";
   else
@@ -44,7 +44,7 @@ int main() {
     // tf32 is fp32 storage with TensorFloat-32 matmul/conv math.
     const std::string params =
         std::is_same_v<typename T::param_type, amp::tf32> ? "fp32" : dtype_name<typename T::param_type>();
-    const std::string compute = amp::is_float8_v<P>                                   ? "fp8 linears, bf16 (autocast)"
+    const std::string compute = amp::detail::is_float8_v<P>                           ? "fp8 linears, bf16 (autocast)"
                                 : std::is_same_v<typename T::compute_type, amp::tf32> ? "tf32 (matmul/conv)"
                                 : T::uses_autocast ? dtype_name<typename T::compute_type>() + " (autocast)"
                                                    : dtype_name<typename T::compute_type>();
@@ -53,6 +53,6 @@ int main() {
               << (amp::is_supported_v<P, amp::CPU> ? "yes" : "no") << " | "
               << (amp::is_supported_v<P, amp::CUDA> ? "yes" : "no") << " |\n";
   });
-  std::cout << "\n(computed for LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor << ")\n";
+  std::cout << "\n(computed for LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << ")\n";
   return 0;
 }

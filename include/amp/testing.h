@@ -19,7 +19,7 @@ namespace testing {
 
 // ::testing::Types<P...> for a hana::tuple_t<P...> list.
 template <class List>
-using PolicyTypes = unpack_types_t<::testing::Types, List>;
+using PolicyTypes = detail::unpack_types_t<::testing::Types, List>;
 
 // Name generator for TYPED_TEST_SUITE: the precision string with characters
 // gtest accepts in a test name ("bf16-mixed" -> "bf16_mixed").

@@ -24,7 +24,7 @@
 #include "../error_of.h"
 #include "optimizer_state.h"
 
-#if AMP_WITH_CUDA
+#if AMP_DETAIL_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
@@ -34,9 +34,10 @@ using amp_test::error_of;
 using ::testing::HasSubstr;
 using Batch = std::pair<torch::Tensor, torch::Tensor>;
 
-#define SKIP_WITHOUT_CUDA()                                                                                           \
-  do {                                                                                                                \
-    if (!AMP_WITH_CUDA || !torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (or amp built without CUDA)"; \
+#define SKIP_WITHOUT_CUDA()                                         \
+  do {                                                              \
+    if (!AMP_DETAIL_WITH_CUDA || !torch::cuda::is_available())      \
+      GTEST_SKIP() << "no CUDA device (or amp built without CUDA)"; \
   } while (0)
 
 torch::nn::Sequential make_model(uint64_t seed) {
@@ -166,7 +167,7 @@ TEST(CaptureCuda, TrueFp32EqualsEagerFused) {
   replays_equal_eager_steps<amp::True<amp::fp32>>(Opt::kAdam, amp::TrainerOptions());
 }
 
-#if AMP_WITH_CUDA
+#if AMP_DETAIL_WITH_CUDA
 // Counts the warnings of LibTorch's CUDA sync debug mode (one per host sync).
 struct SyncCounter : c10::WarningHandler {
   std::atomic<int64_t> syncs{0};
@@ -178,7 +179,7 @@ struct SyncCounter : c10::WarningHandler {
 
 TEST(CaptureCuda, ReplaysMakeNoHostSync) {
   SKIP_WITHOUT_CUDA();
-#if AMP_WITH_CUDA
+#if AMP_DETAIL_WITH_CUDA
   Training<amp::Mixed<amp::fp16, amp::DynamicScaler>> run(Opt::kAdam);
   auto step = run.trainer.capture(run.fn(), batch_at(0));
   std::vector<Batch> batches;

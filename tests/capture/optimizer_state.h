@@ -29,9 +29,9 @@ inline std::pair<std::vector<at::Tensor>, int64_t> state_of(torch::optim::Optimi
   if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get()))
     return {{s->exp_avg(), s->exp_avg_sq()}, s->step()};
   if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) return {{s->momentum_buffer()}, 0};
-  if (auto* s = dynamic_cast<amp::LowBitAdamParamState*>(it->second.get())) {
+  if (auto* s = dynamic_cast<amp::detail::LowBitAdamParamState*>(it->second.get())) {
     std::vector<at::Tensor> tensors;
-    for (const amp::QuantizedState* q : {&s->exp_avg(), &s->exp_avg_sq(), &s->max_exp_avg_sq()}) {
+    for (const amp::detail::QuantizedState* q : {&s->exp_avg(), &s->exp_avg_sq(), &s->max_exp_avg_sq()}) {
       if (!q->defined()) continue;
       tensors.push_back(q->format() == amp::StateFormat::kFloat ? q->values() : q->codes());
       if (q->format() != amp::StateFormat::kFloat) tensors.push_back(q->scale());

@@ -6,10 +6,10 @@
 #include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.
-static_assert(amp::require_supported<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>());
+static_assert(amp::detail::check_supported<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>());
 
 #ifdef AMP_SHOULD_FAIL
-static_assert(amp::require_supported<amp::Float8<amp::RowwiseWithGwHp>, amp::CPU>());
+static_assert(amp::detail::check_supported<amp::Float8<amp::RowwiseWithGwHp>, amp::CPU>());
 #endif
 
 int main() { return 0; }

@@ -5,10 +5,10 @@
 #include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.
-static_assert(amp::require_supported<amp::True<amp::tf32>, amp::CUDA>());
+static_assert(amp::detail::check_supported<amp::True<amp::tf32>, amp::CUDA>());
 
 #ifdef AMP_SHOULD_FAIL
-static_assert(amp::require_supported<amp::True<amp::tf32>, amp::CPU>());
+static_assert(amp::detail::check_supported<amp::True<amp::tf32>, amp::CPU>());
 #endif
 
 int main() { return 0; }

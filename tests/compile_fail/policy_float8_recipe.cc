@@ -5,10 +5,10 @@
 #include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.
-static_assert(amp::require_valid_policy<amp::Float8<amp::Delayed<16, 0>>>());
+static_assert(amp::detail::check_policy<amp::Float8<amp::Delayed<16, 0>>>());
 
 #ifdef AMP_SHOULD_FAIL
-static_assert(amp::require_valid_policy<amp::Float8<amp::Delayed<0, 0>>>());
+static_assert(amp::detail::check_policy<amp::Float8<amp::Delayed<0, 0>>>());
 #endif
 
 int main() { return 0; }

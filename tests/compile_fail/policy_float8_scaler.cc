@@ -5,10 +5,10 @@
 #include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.
-static_assert(amp::require_valid_policy<amp::Float8<amp::Tensorwise, amp::NoScaler>>());
+static_assert(amp::detail::check_policy<amp::Float8<amp::Tensorwise, amp::NoScaler>>());
 
 #ifdef AMP_SHOULD_FAIL
-static_assert(amp::require_valid_policy<amp::Float8<amp::Tensorwise, amp::DynamicScaler>>());
+static_assert(amp::detail::check_policy<amp::Float8<amp::Tensorwise, amp::DynamicScaler>>());
 #endif
 
 int main() { return 0; }

@@ -5,10 +5,10 @@
 #include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.
-static_assert(amp::require_valid_policy<amp::Mixed<amp::bf16, amp::NoScaler>>());
+static_assert(amp::detail::check_policy<amp::Mixed<amp::bf16, amp::NoScaler>>());
 
 #ifdef AMP_SHOULD_FAIL
-static_assert(amp::require_valid_policy<amp::Mixed<amp::fp32, amp::DynamicScaler>>());
+static_assert(amp::detail::check_policy<amp::Mixed<amp::fp32, amp::DynamicScaler>>());
 #endif
 
 int main() { return 0; }

@@ -5,10 +5,10 @@
 #include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.
-static_assert(amp::require_valid_policy<amp::True<amp::fp32>>());
+static_assert(amp::detail::check_policy<amp::True<amp::fp32>>());
 
 #ifdef AMP_SHOULD_FAIL
-static_assert(amp::require_valid_policy<int>());
+static_assert(amp::detail::check_policy<int>());
 #endif
 
 int main() { return 0; }

@@ -5,10 +5,10 @@
 #include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.
-static_assert(amp::require_valid_policy<amp::Mixed<amp::fp16, amp::StaticScaler>>());
+static_assert(amp::detail::check_policy<amp::Mixed<amp::fp16, amp::StaticScaler>>());
 
 #ifdef AMP_SHOULD_FAIL
-static_assert(amp::require_valid_policy<amp::Mixed<amp::fp16, int>>());
+static_assert(amp::detail::check_policy<amp::Mixed<amp::fp16, int>>());
 #endif
 
 int main() { return 0; }

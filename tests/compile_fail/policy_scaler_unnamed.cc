@@ -9,11 +9,11 @@
 struct Named : amp::NoScaler {
   static constexpr const char* kName = "named";
 };
-static_assert(amp::require_valid_policy<amp::Mixed<amp::bf16, Named>>());
+static_assert(amp::detail::check_policy<amp::Mixed<amp::bf16, Named>>());
 
 #ifdef AMP_SHOULD_FAIL
 struct Unnamed : amp::NoScaler {};
-static_assert(amp::require_valid_policy<amp::Mixed<amp::bf16, Unnamed>>());
+static_assert(amp::detail::check_policy<amp::Mixed<amp::bf16, Unnamed>>());
 #endif
 
 int main() { return 0; }

@@ -104,7 +104,7 @@ TEST(PolicyTable, EveryCombinationMatchesTheRules) {
 }
 
 // Non-policies and non-devices are never valid or supported.
-static_assert(!amp::is_policy_v<int>);
+static_assert(!amp::detail::is_policy_v<int>);
 static_assert(!amp::is_valid_policy_v<int>);
 static_assert(!amp::is_valid_policy_v<amp::fp16>);
 static_assert(!amp::is_valid_policy_v<amp::True<int>>);
@@ -113,8 +113,9 @@ static_assert(!amp::is_supported_v<amp::True<amp::fp32>, int>);
 static_assert(amp::is_scaler_v<amp::NoScaler> && amp::is_scaler_v<amp::DynamicScaler> &&
               amp::is_scaler_v<amp::StaticScaler>);
 static_assert(!amp::is_scaler_v<int> && !amp::is_scaler_v<amp::fp16>);
-static_assert(amp::uses_loss_scaling_v<amp::DynamicScaler> && amp::uses_loss_scaling_v<amp::StaticScaler>);
-static_assert(!amp::uses_loss_scaling_v<amp::NoScaler>);
+static_assert(amp::detail::uses_loss_scaling_v<amp::DynamicScaler> &&
+              amp::detail::uses_loss_scaling_v<amp::StaticScaler>);
+static_assert(!amp::detail::uses_loss_scaling_v<amp::NoScaler>);
 
 // A user-defined scaler with the whole interface and a name is accepted, and
 // its policy is named after it; without a name it is rejected.
@@ -172,8 +173,8 @@ TEST(PolicyTraits, WhatEachPolicyMeans) {
   static_assert(F8::uses_autocast && !F8::uses_loss_scaling);
   static_assert(std::is_same_v<F8D::recipe_type, amp::Delayed<16, 1>>);
   static_assert(amp::Delayed<>::history_length == 1024 && amp::Delayed<>::margin == 0);
-  static_assert(amp::is_float8_v<amp::Float8<amp::Tensorwise>> &&
-                !amp::is_float8_v<amp::Mixed<amp::bf16, amp::NoScaler>>);
+  static_assert(amp::detail::is_float8_v<amp::Float8<amp::Tensorwise>> &&
+                !amp::detail::is_float8_v<amp::Mixed<amp::bf16, amp::NoScaler>>);
 }
 
 TEST(PolicyLists, AllPoliciesAreValidDistinctAndNamed) {
@@ -207,10 +208,10 @@ TEST(PolicyLists, SupportedListsAreTheFilteredTable) {
   EXPECT_NE(std::find(cpu.begin(), cpu.end(), "bf16-mixed"), cpu.end());
   EXPECT_NE(std::find(cpu.begin(), cpu.end(), "64-true"), cpu.end());
   EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "tf32-true"), cpu.end());
-  const bool cpu16 = amp::libtorch_at_least(2, 3);
+  const bool cpu16 = amp::detail::libtorch_at_least(2, 3);
   EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "16-mixed") != cpu.end(), cpu16);
-  EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "fp8-delayed") != cpu.end(), amp::libtorch_at_least(2, 8));
-  EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "fp8-rowwise") != cpu.end(), amp::libtorch_at_least(2, 14));
+  EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "fp8-delayed") != cpu.end(), amp::detail::libtorch_at_least(2, 8));
+  EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "fp8-rowwise") != cpu.end(), amp::detail::libtorch_at_least(2, 14));
 }
 
 // Typed tests over the compile-time list, named by precision string.

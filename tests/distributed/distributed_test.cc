@@ -87,7 +87,7 @@ void train_identical(amp::GradCompression compression, int64_t steps, double ada
     // (p - y)^2's mean: LibTorch 1.13 has no CPU mse_loss for bf16.
     auto r = trainer.step([&](auto&) { return (net->forward(x) - y).pow(2).mean(); });
     // fp16 with a loss scale of 65536 skips its first steps (scale backs off), as torch's GradScaler.
-    check(!r.skipped() || amp::uses_loss_scaling_v<typename amp::Trainer<Policy, amp::CPU>::scaler_type>,
+    check(!r.skipped() || amp::detail::uses_loss_scaling_v<typename amp::Trainer<Policy, amp::CPU>::scaler_type>,
           "step " + std::to_string(s) + " skipped");
   }
   check(dp.allreduces() == steps * dp.buckets(),

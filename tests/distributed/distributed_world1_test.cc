@@ -6,7 +6,7 @@
 //   * CPU over Gloo: every LibTorch line (bf16 gradients on LibTorch 1.13
 //     travel as fp32 copies: exact too).
 //   * CUDA over NCCL, Trainer<Mixed<fp16, DynamicScaler>, CUDA>: skips without
-//     a GPU or without NCCL in the build (AMP_HAS_NCCL, detail/compat_c10d.h);
+//     a GPU or without NCCL in the build (AMP_DETAIL_HAS_NCCL, detail/compat_c10d.h);
 //     runs through CMake on a CUDA machine with the pip wheel's LibTorch
 //     (tools/gpu/check.sh). Not run so far: no GPU.
 //   * Fabric (two models, two optimizers) with one DataParallel over
@@ -450,7 +450,7 @@ TEST(WorldOfOne, CudaModelOnGlooIsAnAmpError) {
 // over NCCL on cuda:LOCAL_RANK, against the same Trainer alone.
 TEST(WorldOfOne, CudaNcclMixedFp16EqualsPlainTrainerBitwise) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  if (!amp::detail::compat::kHasNccl) GTEST_SKIP() << "this LibTorch build has no NCCL (AMP_HAS_NCCL is 0)";
+  if (!amp::detail::compat::kHasNccl) GTEST_SKIP() << "this LibTorch build has no NCCL (AMP_DETAIL_HAS_NCCL is 0)";
   set_world_of_one_env();
   amp::ProcessGroup pg = amp::init_process_group(options(amp::Backend::kNccl));
   ASSERT_EQ(pg.device(), torch::Device(torch::kCUDA, 0));

@@ -107,7 +107,7 @@ void twin(const Options& options, int64_t steps, bool poison, double max_grad_no
   same_on_every_rank(pg, param_bits(*b), "sharded parameters");
   check(opt_b.shard_numel() < amp::parameter_count(opt_b) || pg.world_size() == 1, "rank steps every parameter");
   // Inner's fused kernels where they serve Opt (LibTorch 2.4+ on CPU), as for the plain optimizer.
-  check(opt_b.local_fused() == (amp::fused_kind(opt_a, c10::DeviceType::CPU) != amp::FusedKind::kNone),
+  check(opt_b.local_fused() == (amp::detail::fused_kind(opt_a, c10::DeviceType::CPU) != amp::FusedKind::kNone),
         "the local step's path");
   std::cout << "PASS " << test_case::name << " " << tb.precision_name << " world " << pg.world_size() << " skipped "
             << skipped << " path '" << tb.optimizer_path() << "', local step "

@@ -42,7 +42,7 @@ TEST(Float8Delayed, ScaleIsMaxOverTheHistoryAndTheHistoryRolls) {
   // history [length 3, roles 2]
   auto history = torch::tensor({{0.5f, 1.0f}, {2.0f, 0.0f}, {1.0f, 0.0f}});
   const auto scale = f32({1.0f, 5.0f});
-  const auto next = f8::delayed_scale_update(history, scale, 448.0, 0);
+  const auto next = f8::detail::delayed_scale_update(history, scale, 448.0, 0);
   EXPECT_TRUE(torch::equal(next, f32({224.0f, 448.0f})));  // 448 / 2, 448 / 1
   // roll by -1 ([2,0],[1,0],[0.5,1]), then slot 0 zeroed
   EXPECT_TRUE(torch::equal(history, torch::tensor({{0.0f, 0.0f}, {1.0f, 0.0f}, {0.5f, 1.0f}})));
@@ -50,7 +50,8 @@ TEST(Float8Delayed, ScaleIsMaxOverTheHistoryAndTheHistoryRolls) {
 
 TEST(Float8Delayed, MarginDividesByAPowerOfTwo) {
   auto history = torch::tensor({{4.0f}, {1.0f}});
-  EXPECT_TRUE(torch::equal(f8::delayed_scale_update(history, f32({1.0f}), 57344.0, 2), f32({3584.0f})));  // 57344/4/4
+  EXPECT_TRUE(
+      torch::equal(f8::detail::delayed_scale_update(history, f32({1.0f}), 57344.0, 2), f32({3584.0f})));  // 57344/4/4
 }
 
 TEST(Float8Delayed, OneFp32DivisionAsTransformerEnginesKernel) {
@@ -59,22 +60,22 @@ TEST(Float8Delayed, OneFp32DivisionAsTransformerEnginesKernel) {
   auto history = torch::tensor({{3.0f}});
   const float kernel = 448.0f / 3.0f, fallback = (1.0f / 3.0f) * 448.0f;
   ASSERT_NE(kernel, fallback);
-  EXPECT_TRUE(torch::equal(f8::delayed_scale_update(history, f32({1.0f}), 448.0, 0), f32({kernel})));
+  EXPECT_TRUE(torch::equal(f8::detail::delayed_scale_update(history, f32({1.0f}), 448.0, 0), f32({kernel})));
 }
 
 TEST(Float8Delayed, AStepWithZeroAmaxChangesNothing) {
   // The step's amax (slot 0) is 0: the kernel neither rolls the history nor
   // uses its older amaxes; the scale stays.
   auto history = torch::tensor({{0.0f, 2.0f}, {5.0f, 4.0f}});
-  const auto next = f8::delayed_scale_update(history, f32({3.0f, 3.0f}), 448.0, 0);
+  const auto next = f8::detail::delayed_scale_update(history, f32({3.0f, 3.0f}), 448.0, 0);
   EXPECT_TRUE(torch::equal(next, f32({3.0f, 112.0f})));  // role 1: 448 / max(2, 4)
   EXPECT_TRUE(torch::equal(history, torch::tensor({{0.0f, 0.0f}, {5.0f, 2.0f}})));
 }
 
 TEST(Float8Delayed, ATinyAmaxGivesTheLargestFloatNotInf) {
   auto history = torch::tensor({{1e-40f}});  // 448 / 1e-40 overflows fp32
-  EXPECT_TRUE(
-      torch::equal(f8::delayed_scale_update(history, f32({1.0f}), 448.0, 0), f32({std::numeric_limits<float>::max()})));
+  EXPECT_TRUE(torch::equal(f8::detail::delayed_scale_update(history, f32({1.0f}), 448.0, 0),
+                           f32({std::numeric_limits<float>::max()})));
 }
 
 TEST(Float8Delayed, InfKeepsTheScaleAndNanIsIgnored) {
@@ -82,7 +83,7 @@ TEST(Float8Delayed, InfKeepsTheScaleAndNanIsIgnored) {
   // fmaxf skips NaN: the amax is the history's 1), a finite step.
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   auto history = torch::tensor({{0.0f, inf, nan, 8.0f}, {0.0f, 1.0f, 1.0f, 0.0f}});
-  const auto next = f8::delayed_scale_update(history, f32({7.0f, 7.0f, 7.0f, 7.0f}), 448.0, 0);
+  const auto next = f8::detail::delayed_scale_update(history, f32({7.0f, 7.0f, 7.0f, 7.0f}), 448.0, 0);
   EXPECT_TRUE(torch::equal(next, f32({7.0f, 7.0f, 448.0f, 56.0f})));
   // every role but the zero step rolled: slot 1 holds the step's amax
   EXPECT_TRUE(torch::equal(history.select(0, 0), f32({0.0f, 0.0f, 0.0f, 0.0f})));
@@ -96,16 +97,16 @@ TEST(Float8Delayed, InfKeepsTheScaleAndNanIsIgnored) {
 TEST(Float8Delayed, ShapesAreChecked) {
   auto history = torch::zeros({4, 2});
   EXPECT_NE(error_of([&] {
-              f8::delayed_scale_update(history, torch::ones({3}), 448.0, 0);
+              f8::detail::delayed_scale_update(history, torch::ones({3}), 448.0, 0);
             }).find("amp: delayed scaling needs an amax history [length, roles] and a scale [roles]"),
             std::string::npos);
 }
 
 TEST(Float8Fits, BothDimensionsMultiplesOf16) {
-  EXPECT_TRUE(f8::fits(torch::zeros({16, 32})));
-  EXPECT_FALSE(f8::fits(torch::zeros({16, 20})));
-  EXPECT_FALSE(f8::fits(torch::zeros({10, 32})));
-  EXPECT_FALSE(f8::fits(torch::zeros({32})));
+  EXPECT_TRUE(f8::detail::fits(torch::zeros({16, 32})));
+  EXPECT_FALSE(f8::detail::fits(torch::zeros({16, 20})));
+  EXPECT_FALSE(f8::detail::fits(torch::zeros({10, 32})));
+  EXPECT_FALSE(f8::detail::fits(torch::zeros({32})));
 }
 
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
@@ -113,13 +114,15 @@ TEST(Float8Fits, BothDimensionsMultiplesOf16) {
 // --- tensorwise current scaling (torchao.float8's default) ---
 
 TEST(Float8Tensorwise, ScaleFromAmax) {
-  EXPECT_EQ(f8::scale_from_amax(torch::tensor(2.0f), f8::kE4M3).item<float>(), 224.0f);
-  EXPECT_EQ(f8::scale_from_amax(torch::tensor(7.0f), f8::kE5M2).item<float>(), 8192.0f);
-  EXPECT_EQ(f8::scale_from_amax(torch::tensor(2.0f, torch::kBFloat16), f8::kE4M3).scalar_type(), torch::kFloat);
+  EXPECT_EQ(f8::detail::scale_from_amax(torch::tensor(2.0f), f8::detail::kE4M3).item<float>(), 224.0f);
+  EXPECT_EQ(f8::detail::scale_from_amax(torch::tensor(7.0f), f8::detail::kE5M2).item<float>(), 8192.0f);
+  EXPECT_EQ(f8::detail::scale_from_amax(torch::tensor(2.0f, torch::kBFloat16), f8::detail::kE4M3).scalar_type(),
+            torch::kFloat);
   // amax 0: the 1e-12 floor, 448e12 as fp32
-  EXPECT_EQ(f8::scale_from_amax(torch::tensor(0.0f), f8::kE4M3).item<float>(), static_cast<float>(448e12));
+  EXPECT_EQ(f8::detail::scale_from_amax(torch::tensor(0.0f), f8::detail::kE4M3).item<float>(),
+            static_cast<float>(448e12));
   EXPECT_NE(error_of([] {
-              f8::scale_from_amax(torch::tensor(1.0f), torch::kHalf);
+              f8::detail::scale_from_amax(torch::tensor(1.0f), torch::kHalf);
             }).find("amp: float8 formats are at::kFloat8_e4m3fn and at::kFloat8_e5m2"),
             std::string::npos);
 }
@@ -128,11 +131,13 @@ TEST(Float8Tensorwise, CastsSaturateAtTheFormatsLargestValue) {
   const auto x = f32({1000.0f, -1000.0f, 1e6f, 1.5f, 0.0f});
   const auto one = torch::tensor(1.0f), two = torch::tensor(2.0f);
   // e4m3: +-448 at most; 1.5 * 2 = 3 exactly
-  EXPECT_TRUE(torch::equal(f8::to_float8(x, two, f8::kE4M3).to(torch::kFloat), f32({448, -448, 448, 3, 0})));
+  EXPECT_TRUE(
+      torch::equal(f8::detail::to_float8(x, two, f8::detail::kE4M3).to(torch::kFloat), f32({448, -448, 448, 3, 0})));
   // e5m2 (2 mantissa bits): 1000 rounds to 1024; 1e6 saturates at 57344 instead of inf
-  EXPECT_TRUE(torch::equal(f8::to_float8(x, one, f8::kE5M2).to(torch::kFloat), f32({1024, -1024, 57344, 1.5, 0})));
-  EXPECT_EQ(f8::to_float8(x, one, f8::kE4M3).scalar_type(), torch::kFloat8_e4m3fn);
-  EXPECT_TRUE(torch::equal(f8::amax_of(f32({-3.0f, 2.0f})), torch::tensor(3.0f)));
+  EXPECT_TRUE(torch::equal(f8::detail::to_float8(x, one, f8::detail::kE5M2).to(torch::kFloat),
+                           f32({1024, -1024, 57344, 1.5, 0})));
+  EXPECT_EQ(f8::detail::to_float8(x, one, f8::detail::kE4M3).scalar_type(), torch::kFloat8_e4m3fn);
+  EXPECT_TRUE(torch::equal(f8::detail::amax_of(f32({-3.0f, 2.0f})), torch::tensor(3.0f)));
 }
 
 double relative_error(const torch::Tensor& got, const torch::Tensor& want) {

@@ -27,9 +27,9 @@
 namespace fused_optimizer_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
-using amp::fused_kind;
 using amp::FusedKind;
 using amp::FusedStep;
+using amp::detail::fused_kind;
 namespace compat = amp::detail::compat;
 
 // --- parameters and gradients ------------------------------------------------

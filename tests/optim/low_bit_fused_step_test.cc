@@ -28,8 +28,8 @@
 namespace low_bit_fused_step_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
-using amp::QuantizedState;
 using amp::StateFormat;
+using amp::detail::QuantizedState;
 
 // Bitwise, with every NaN equal to every NaN: a NaN's sign and payload are
 // not part of the contract (x86 picks one NaN operand by instruction form).
@@ -85,7 +85,7 @@ template <class Opt>
 std::vector<at::Tensor> all_state(const Opt& opt, const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> out;
   for (const auto& p : params) {
-    const auto& s = static_cast<const amp::LowBitAdamParamState&>(
+    const auto& s = static_cast<const amp::detail::LowBitAdamParamState&>(
         *opt.state().at(amp::detail::compat::optim_state_key(p.unsafeGetTensorImpl())));
     out.push_back(s.step());
     for (const QuantizedState* q : {&s.exp_avg(), &s.exp_avg_sq(), &s.max_exp_avg_sq()}) {
@@ -244,7 +244,8 @@ TEST(LowBitFusedStep, VectorSearchesFindTorchaosCodes) {
         }
         for (size_t i = 0; i < x.size(); ++i)
           ASSERT_EQ(codes[i], lb::nearest_code(x[i] / 1.f, m, levels))
-              << amp::state_format_name(f) << (is_signed ? " signed" : " unsigned") << " ISA " << isa << " x=" << x[i];
+              << amp::detail::state_format_name(f) << (is_signed ? " signed" : " unsigned") << " ISA " << isa
+              << " x=" << x[i];
       }
     }
 }

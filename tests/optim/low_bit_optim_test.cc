@@ -24,8 +24,8 @@
 namespace low_bit_optim_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
 
-using amp::QuantizedState;
 using amp::StateFormat;
+using amp::detail::QuantizedState;
 using amp_test::error_of;
 
 bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
@@ -154,11 +154,12 @@ TEST(QuantizedStateCodes, CpuPassEqualsTheTensorOps) {
       x[6 * bs + 2] = std::numeric_limits<float>::quiet_NaN();
       const auto fast = lb::quantize_cpu(x, map, bs, four);
       const auto ops = lb::quantize_ops(x, map, bs, four);
-      EXPECT_TRUE(bitwise_equal(fast.first, ops.first)) << amp::state_format_name(f) << " signed " << is_signed;
-      EXPECT_TRUE(bitwise_equal(fast.second, ops.second)) << amp::state_format_name(f) << " signed " << is_signed;
+      EXPECT_TRUE(bitwise_equal(fast.first, ops.first)) << amp::detail::state_format_name(f) << " signed " << is_signed;
+      EXPECT_TRUE(bitwise_equal(fast.second, ops.second))
+          << amp::detail::state_format_name(f) << " signed " << is_signed;
       EXPECT_TRUE(bitwise_equal(lb::dequantize_cpu(ops.first, map, ops.second, x.numel(), four),
                                 lb::dequantize_ops(ops.first, map, ops.second, four)))
-          << amp::state_format_name(f) << " signed " << is_signed;
+          << amp::detail::state_format_name(f) << " signed " << is_signed;
     }
   }
 }
@@ -233,13 +234,13 @@ TEST(LowBitAdam, TrainsAndKeepsQuantizedStates) {
   auto net = make_net();
   amp::AdamW8bit opt(net->parameters(), torch::optim::AdamWOptions(1e-3));
   train(*net, opt, 3);
-  const auto& st = static_cast<const amp::LowBitAdamParamState&>(
+  const auto& st = static_cast<const amp::detail::LowBitAdamParamState&>(
       *opt.state().at(amp::detail::compat::optim_state_key(net->fc1->weight.unsafeGetTensorImpl())));
   EXPECT_EQ(st.exp_avg().format(), StateFormat::kInt8);
   EXPECT_EQ(st.exp_avg().codes().numel(), 8192);
   EXPECT_EQ(st.exp_avg().scale().numel(), 32);
   EXPECT_EQ(st.step().item<float>(), 3.f);
-  const auto& bias = static_cast<const amp::LowBitAdamParamState&>(
+  const auto& bias = static_cast<const amp::detail::LowBitAdamParamState&>(
       *opt.state().at(amp::detail::compat::optim_state_key(net->fc1->bias.unsafeGetTensorImpl())));
   EXPECT_EQ(bias.exp_avg().format(), StateFormat::kFloat);
 }
@@ -299,7 +300,7 @@ template <class Opt>
 std::vector<at::Tensor> state_tensors(const Opt& opt, const Net& net) {
   std::vector<at::Tensor> out;
   for (const auto& p : net.parameters()) {
-    const auto& s = static_cast<const amp::LowBitAdamParamState&>(
+    const auto& s = static_cast<const amp::detail::LowBitAdamParamState&>(
         *opt.state().at(amp::detail::compat::optim_state_key(p.unsafeGetTensorImpl())));
     out.push_back(s.step());
     for (const QuantizedState* q : {&s.exp_avg(), &s.exp_avg_sq()}) {
@@ -504,7 +505,7 @@ TEST(LowBitAdam, PrecisionOfTwoModelsStepsAndResumesBitwise) {
     EXPECT_TRUE(bitwise_equal(first.a->parameters()[i], second.a->parameters()[i])) << "a " << i;
     EXPECT_TRUE(bitwise_equal(first.b->parameters()[i], second.b->parameters()[i])) << "b " << i;
   }
-  const auto& st = static_cast<const amp::LowBitAdamParamState&>(
+  const auto& st = static_cast<const amp::detail::LowBitAdamParamState&>(
       *first.opt_b.state().at(amp::detail::compat::optim_state_key(first.b->fc1->weight.unsafeGetTensorImpl())));
   EXPECT_EQ(st.exp_avg().format(), StateFormat::kInt4);
   EXPECT_EQ(st.step().item<float>(), 6.f);
@@ -553,7 +554,7 @@ TEST(LowBitAdam, TrainsUnderAFloat8Policy) {
   }
   EXPECT_LT(last, first) << "the same batch six times: the loss falls";
   EXPECT_FALSE(bitwise_equal(net->fc1->weight, before));
-  const auto& st = static_cast<const amp::LowBitAdamParamState&>(
+  const auto& st = static_cast<const amp::detail::LowBitAdamParamState&>(
       *opt.state().at(amp::detail::compat::optim_state_key(net->fc1->weight.unsafeGetTensorImpl())));
   EXPECT_EQ(st.exp_avg().format(), StateFormat::kInt8);
   EXPECT_EQ(st.step().item<float>(), 6.f);

@@ -96,7 +96,7 @@ bool poisoned(int step, int rank, int world) { return rank == world - 1 && (step
 // The twin's torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=5).
 template <class Scaler>
 Scaler make_scaler() {
-  if constexpr (amp::uses_loss_scaling_v<Scaler>) {
+  if constexpr (amp::detail::uses_loss_scaling_v<Scaler>) {
     return Scaler(amp::DynamicScalerOptions().init_scale(1024.0).growth_interval(5));
   } else {
     return Scaler();
@@ -147,7 +147,7 @@ void run(Out& out, const amp::ProcessGroup& pg, const Data& data, const std::str
       return poison ? loss * std::numeric_limits<double>::infinity() : loss;
     });
     double scale = 1.0;
-    if constexpr (amp::uses_loss_scaling_v<typename Policy::scaler_type>) scale = trainer.scaler().get_scale();
+    if constexpr (amp::detail::uses_loss_scaling_v<typename Policy::scaler_type>) scale = trainer.scaler().get_scale();
     out.steps << name << " " << i << " " << bits(static_cast<float>(r.loss_value())) << " "
               << bits(static_cast<float>(scale)) << "\n";
   }
@@ -188,14 +188,14 @@ int main(int argc, char** argv) {
   amp::ProcessGroup pg = amp::init_process_group(amp::ProcessGroupOptions().timeout(timeout).threads(1));
   const int rank = pg.rank(), world = pg.world_size();
   if (rank == 0)
-    std::cout << "ddp_parity: LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor << " on cpu, world "
+    std::cout << "ddp_parity: LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << " on cpu, world "
               << world << std::endl;
   Out out(std::string(argv[1]) + "/cpp_w" + std::to_string(world) + "_r" + std::to_string(rank));
   const Data data(rank);
   using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
   using torch::optim::SGD, torch::optim::SGDOptions, torch::optim::AdamW, torch::optim::AdamWOptions;
   std::vector<std::string> skipped;
-  constexpr bool kFused = amp::libtorch_at_least(2, 4);  // ATen's CPU fused AdamW
+  constexpr bool kFused = amp::detail::libtorch_at_least(2, 4);  // ATen's CPU fused AdamW
   run<Bf16, SGD>(out, pg, data, "sgd-bf16-mixed", SGDOptions(0.05).momentum(0.9), false);
   run_fp16<amp::detail::compat::kCpuHasFp16 && amp::detail::compat::kCpuHasAmpKernels, kFused>(out, pg, data, skipped);
   if constexpr (kFused) {

@@ -43,10 +43,10 @@ using amp_parity::save;
 std::vector<torch::Tensor> states_of(const torch::optim::Optimizer& opt, const torch::nn::Module& model) {
   std::vector<torch::Tensor> out;
   for (const auto& p : model.parameters()) {
-    const auto& s = static_cast<const amp::LowBitAdamParamState&>(
+    const auto& s = static_cast<const amp::detail::LowBitAdamParamState&>(
         *opt.state().at(amp::detail::compat::optim_state_key(p.unsafeGetTensorImpl())));
     out.push_back(s.step());
-    for (const amp::QuantizedState* q : {&s.exp_avg(), &s.exp_avg_sq(), &s.max_exp_avg_sq()}) {
+    for (const amp::detail::QuantizedState* q : {&s.exp_avg(), &s.exp_avg_sq(), &s.max_exp_avg_sq()}) {
       if (!q->defined()) continue;
       if (q->format() == amp::StateFormat::kFloat) {
         out.push_back(q->values());
@@ -85,7 +85,7 @@ void run(std::ofstream& steps, const std::string& out, const Data& data, const s
       return poison ? loss * std::numeric_limits<double>::infinity() : loss;
     });
     double scale = 1.0;
-    if constexpr (amp::uses_loss_scaling_v<typename Policy::scaler_type>) scale = trainer.scaler().get_scale();
+    if constexpr (amp::detail::uses_loss_scaling_v<typename Policy::scaler_type>) scale = trainer.scaler().get_scale();
     steps << name << " " << i << " " << bits(static_cast<float>(r.loss_value())) << " "
           << bits(static_cast<float>(scale)) << "\n";
   }

@@ -311,7 +311,7 @@ void fused_runs(Log& log, const Data& data) {
 // LibTorch has fused kernels for the device; the unfused runs always.
 template <class Dev, bool kFused>
 int run(const std::string& dir, torch::Device device) {
-  std::cout << "parity: LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor << " on " << device << "\n";
+  std::cout << "parity: LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << " on " << device << "\n";
   Data data(device);
   {  // Inputs and initial weights, for telling a data/init difference from a numerics one.
     auto m = make_model(device);
@@ -355,5 +355,5 @@ int main(int argc, char** argv) {
     return run<amp::CUDA, true>(argv[1], torch::kCUDA);
   }
   // An older LibTorch has no CPU fused optimizers (2.4) and no CPU GradScaler kernels (2.3).
-  return run<amp::CPU, amp::libtorch_at_least(2, 4)>(argv[1], torch::kCPU);
+  return run<amp::CPU, amp::detail::libtorch_at_least(2, 4)>(argv[1], torch::kCPU);
 }

@@ -116,7 +116,7 @@ void run(std::ofstream& steps, const std::string& out, const Data& data, const s
   init(*model);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   auto scaler = [] {
-    if constexpr (amp::uses_loss_scaling_v<typename Policy::scaler_type>) {
+    if constexpr (amp::detail::uses_loss_scaling_v<typename Policy::scaler_type>) {
       return typename Policy::scaler_type(amp::DynamicScalerOptions().growth_interval(10));
     } else {
       return typename Policy::scaler_type();
@@ -126,13 +126,13 @@ void run(std::ofstream& steps, const std::string& out, const Data& data, const s
       model, opt, amp::TrainerOptions().progress(false).fused(false).region(amp::RegionOptions().precision_map(map)),
       std::move(scaler));
   for (int i = 0; i < kSteps; ++i) {
-    const bool poison = amp::uses_loss_scaling_v<typename Policy::scaler_type> && (i == 3 || i == 4 || i == 40);
+    const bool poison = amp::detail::uses_loss_scaling_v<typename Policy::scaler_type> && (i == 3 || i == 4 || i == 40);
     auto r = trainer.step([&](auto&) {
       const auto loss = torch::cross_entropy_loss(model->forward(data.x[i]).to(torch::kFloat), data.y[i]);
       return poison ? loss * std::numeric_limits<double>::infinity() : loss;
     });
     double scale = 1.0;
-    if constexpr (amp::uses_loss_scaling_v<typename Policy::scaler_type>) scale = trainer.scaler().get_scale();
+    if constexpr (amp::detail::uses_loss_scaling_v<typename Policy::scaler_type>) scale = trainer.scaler().get_scale();
     steps << name << " " << i << " " << bits(static_cast<float>(r.loss_value())) << " "
           << bits(static_cast<float>(scale)) << "\n";
   }

@@ -257,21 +257,21 @@ TEST_F(AutocastCpu, NewThreadStartsWithAutocastOff) {
 // default, as a Region does: a weight is cast once per guard, as Python's
 // nn.Linear is; LinearRouting::kOff and enabled=false leave LibTorch's ops.
 TEST_F(AutocastCpu, RoutesLinearsByDefault) {
-  EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOff);
+  EXPECT_EQ(amp::detail::current_linear_routing(), amp::LinearRouting::kOff);
   {
     amp::Autocast<amp::bf16, amp::CPU> on;
-    EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOn);
+    EXPECT_EQ(amp::detail::current_linear_routing(), amp::LinearRouting::kOn);
     {
       amp::Autocast<amp::bf16, amp::CPU> off(amp::LinearRouting::kOff);
-      EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOff);
+      EXPECT_EQ(amp::detail::current_linear_routing(), amp::LinearRouting::kOff);
     }
     {
       amp::Autocast<amp::bf16, amp::CPU> disabled(/*enabled=*/false);
-      EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOff);
+      EXPECT_EQ(amp::detail::current_linear_routing(), amp::LinearRouting::kOff);
     }
-    EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOn);
+    EXPECT_EQ(amp::detail::current_linear_routing(), amp::LinearRouting::kOn);
   }
-  EXPECT_EQ(amp::current_linear_routing(), amp::LinearRouting::kOff);
+  EXPECT_EQ(amp::detail::current_linear_routing(), amp::LinearRouting::kOff);
 }
 
 // A Linear called twice: its weight gradient under a bare Autocast is the

@@ -12,7 +12,7 @@ namespace include_order_test {  // a layer's test files share one TU (tests/BUIL
 using Fp16 = amp::Mixed<amp::fp16, amp::DynamicScaler>;
 using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
 static_assert(amp::is_scaler_v<amp::DynamicScaler> && amp::is_scaler_v<amp::NoScaler>);
-static_assert(amp::require_valid_policy<Fp16>() && amp::require_valid_policy<Bf16>());
+static_assert(amp::detail::check_policy<Fp16>() && amp::detail::check_policy<Bf16>());
 }  // namespace include_order_test
 
 #include "amp/scaler/dynamic_scaler.h"
@@ -24,8 +24,8 @@ namespace {
 TEST(IncludeOrder, ScalersNamedBeforeTheirHeadersKeepTheirTraits) {
   static_assert(amp::detail::builtin_scaler_matches_v<amp::DynamicScaler>);
   static_assert(amp::detail::builtin_scaler_matches_v<amp::NoScaler>);
-  EXPECT_TRUE(amp::uses_loss_scaling_v<amp::DynamicScaler>);
-  EXPECT_FALSE(amp::uses_loss_scaling_v<amp::NoScaler>);
+  EXPECT_TRUE(amp::detail::uses_loss_scaling_v<amp::DynamicScaler>);
+  EXPECT_FALSE(amp::detail::uses_loss_scaling_v<amp::NoScaler>);
 }
 
 }  // namespace

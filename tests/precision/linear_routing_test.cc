@@ -98,11 +98,11 @@ void expect_one_cast_per_region(torch::Device device = torch::kCPU) {
 class LinearRoutingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_EQ(amp::current_linear_routing(), LinearRouting::kOff);
+    ASSERT_EQ(amp::detail::current_linear_routing(), LinearRouting::kOff);
     ASSERT_FALSE(key_included());
   }
   void TearDown() override {
-    EXPECT_EQ(amp::current_linear_routing(), LinearRouting::kOff);
+    EXPECT_EQ(amp::detail::current_linear_routing(), LinearRouting::kOff);
     EXPECT_FALSE(key_included());
   }
 };
@@ -245,7 +245,7 @@ TEST_F(LinearRoutingTest, MultiheadAttentionProjectionsAreRouted) {
         (void)mha(q, q, q);
         (void)mha(q, q, q);
       }
-      EXPECT_EQ(WeightCasts::count, routing == LinearRouting::kOn ? 1 : 2) << amp::to_string(routing);
+      EXPECT_EQ(WeightCasts::count, routing == LinearRouting::kOn ? 1 : 2) << amp::detail::to_string(routing);
     }
   }
 }
@@ -320,7 +320,7 @@ TEST_F(LinearRoutingTest, NothingIsRoutedOutsideMixedRegionsIslandsOrBackward) {
   {
     amp::Region<amp::True<amp::fp32>, amp::CPU> region;
     EXPECT_EQ(region.linear_routing(), LinearRouting::kOff);
-    EXPECT_EQ(amp::current_linear_routing(), LinearRouting::kOff);
+    EXPECT_EQ(amp::detail::current_linear_routing(), LinearRouting::kOff);
     (void)lin(x);
     EXPECT_EQ(routed_calls, 0) << "in a True<fp32> region";
   }
@@ -334,7 +334,7 @@ TEST_F(LinearRoutingTest, NothingIsRoutedOutsideMixedRegionsIslandsOrBackward) {
   {
     amp::Region<Bf16, amp::CPU> region;
     EXPECT_EQ(region.linear_routing(), LinearRouting::kOn);
-    EXPECT_EQ(amp::current_linear_routing(), LinearRouting::kOn);
+    EXPECT_EQ(amp::detail::current_linear_routing(), LinearRouting::kOn);
     EXPECT_TRUE(key_included());
     const torch::Tensor y = region.full_precision([&](const torch::Tensor& in) { return lin(in); }, x);
     EXPECT_EQ(y.scalar_type(), torch::kFloat);
@@ -381,14 +381,14 @@ TEST_F(LinearRoutingTest, TrainerOptionTurnsRoutingOff) {
     WeightCasts casts(lin->weight);
     trainer.step([&](auto& region) {
       EXPECT_EQ(region.linear_routing(), routing);
-      EXPECT_EQ(amp::current_linear_routing(), routing);
+      EXPECT_EQ(amp::detail::current_linear_routing(), routing);
       return (lin(x) + lin(x)).to(torch::kFloat).pow(2).mean();
     });
-    EXPECT_EQ(WeightCasts::count, routing == LinearRouting::kOn ? 1 : 2) << amp::to_string(routing);
+    EXPECT_EQ(WeightCasts::count, routing == LinearRouting::kOn ? 1 : 2) << amp::detail::to_string(routing);
     // evaluate() runs in the same kind of region.
     EXPECT_TRUE(trainer.evaluate([&](auto& region) {
       EXPECT_EQ(region.linear_routing(), routing);
-      return amp::current_linear_routing() == routing;
+      return amp::detail::current_linear_routing() == routing;
     }));
   }
 }
@@ -407,8 +407,8 @@ TEST_F(LinearRoutingTest, PrecisionOptionTurnsRoutingOff) {
       EXPECT_EQ(region.linear_routing(), routing);
       return (lin(x) + lin(x)).to(torch::kFloat).pow(2).mean();
     });
-    EXPECT_EQ(WeightCasts::count, routing == LinearRouting::kOn ? 1 : 2) << amp::to_string(routing);
-    EXPECT_TRUE(prec.evaluate([&](auto&) { return amp::current_linear_routing() == routing; }));
+    EXPECT_EQ(WeightCasts::count, routing == LinearRouting::kOn ? 1 : 2) << amp::detail::to_string(routing);
+    EXPECT_TRUE(prec.evaluate([&](auto&) { return amp::detail::current_linear_routing() == routing; }));
   }
 }
 

@@ -75,14 +75,16 @@ static_assert(!std::is_copy_constructible_v<Fp64Region> && !std::is_move_constru
 
 using BF = amp::Mixed<amp::bf16, amp::NoScaler>;
 using HF = amp::Mixed<amp::fp16, amp::DynamicScaler>;
-static_assert(amp::region_cast_allowed_v<BF, amp::fp32> && amp::region_cast_allowed_v<BF, amp::fp64>);
-static_assert(!amp::region_cast_allowed_v<BF, amp::bf16> && !amp::region_cast_allowed_v<BF, amp::fp16>);
-static_assert(!amp::region_cast_allowed_v<HF, amp::fp16> && !amp::region_cast_allowed_v<HF, amp::bf16>);
-static_assert(amp::region_cast_allowed_v<amp::True<amp::fp64>, amp::bf16>);  // True regions: any cast
-static_assert(!amp::region_cast_allowed_v<BF, int>);
-static_assert(amp::region_autocast_allowed_v<BF, amp::bf16> && amp::region_autocast_allowed_v<HF, amp::fp16>);
-static_assert(!amp::region_autocast_allowed_v<BF, amp::fp16> && !amp::region_autocast_allowed_v<BF, amp::fp32>);
-static_assert(!amp::region_autocast_allowed_v<amp::True<amp::fp64>, amp::fp64>);
+static_assert(amp::detail::region_cast_allowed_v<BF, amp::fp32> && amp::detail::region_cast_allowed_v<BF, amp::fp64>);
+static_assert(!amp::detail::region_cast_allowed_v<BF, amp::bf16> && !amp::detail::region_cast_allowed_v<BF, amp::fp16>);
+static_assert(!amp::detail::region_cast_allowed_v<HF, amp::fp16> && !amp::detail::region_cast_allowed_v<HF, amp::bf16>);
+static_assert(amp::detail::region_cast_allowed_v<amp::True<amp::fp64>, amp::bf16>);  // True regions: any cast
+static_assert(!amp::detail::region_cast_allowed_v<BF, int>);
+static_assert(amp::detail::region_autocast_allowed_v<BF, amp::bf16> &&
+              amp::detail::region_autocast_allowed_v<HF, amp::fp16>);
+static_assert(!amp::detail::region_autocast_allowed_v<BF, amp::fp16> &&
+              !amp::detail::region_autocast_allowed_v<BF, amp::fp32>);
+static_assert(!amp::detail::region_autocast_allowed_v<amp::True<amp::fp64>, amp::fp64>);
 
 // A generic forward can branch on the region at compile time.
 template <class R>

@@ -44,12 +44,12 @@ class StrictCastsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     torch::manual_seed(0);
-    ASSERT_EQ(amp::current_strict_casts(), StrictCasts::kOff);
+    ASSERT_EQ(amp::detail::current_strict_casts(), StrictCasts::kOff);
     ASSERT_FALSE(key_included());
   }
   // Nothing may leak out of a test: no mode, no included key.
   void TearDown() override {
-    EXPECT_EQ(amp::current_strict_casts(), StrictCasts::kOff);
+    EXPECT_EQ(amp::detail::current_strict_casts(), StrictCasts::kOff);
     EXPECT_FALSE(key_included());
   }
   torch::Tensor x = torch::randn({4, 8});
@@ -58,7 +58,7 @@ class StrictCastsTest : public ::testing::Test {
 TEST_F(StrictCastsTest, ManualBf16AndHalfCastsThrowWithTheAmpMessage) {
   Bf16Region region(StrictCasts::kThrow);
   EXPECT_EQ(region.strict_casts(), StrictCasts::kThrow);
-  EXPECT_EQ(amp::current_strict_casts(), StrictCasts::kThrow);
+  EXPECT_EQ(amp::detail::current_strict_casts(), StrictCasts::kThrow);
 
   const std::string bf16 = error_of([&] { (void)x.to(torch::kBFloat16); });
   EXPECT_EQ(bf16.rfind("amp: manual cast to BFloat16 (aten::to.dtype from Float, e.g. x.to(torch::kBFloat16)) inside a "
@@ -183,7 +183,7 @@ TEST_F(StrictCastsTest, AnExceptionInsideTheRegionRemovesTheCheck) {
   } catch (const std::runtime_error&) {
   }
   EXPECT_FALSE(key_included());
-  EXPECT_EQ(amp::current_strict_casts(), StrictCasts::kOff);
+  EXPECT_EQ(amp::detail::current_strict_casts(), StrictCasts::kOff);
   // And when the strict check itself threw:
   try {
     Bf16Region region(StrictCasts::kThrow);
@@ -235,7 +235,7 @@ TEST_F(StrictCastsTest, NestedRegionsRestoreTheOuterMode) {
     Bf16Region inner(StrictCasts::kOff);
     EXPECT_EQ(x.to(torch::kBFloat16).scalar_type(), torch::kBFloat16);
   }
-  EXPECT_EQ(amp::current_strict_casts(), StrictCasts::kThrow);
+  EXPECT_EQ(amp::detail::current_strict_casts(), StrictCasts::kThrow);
   EXPECT_THAT(error_of([&] { (void)x.to(torch::kBFloat16); }), ::testing::StartsWith(kRejected));
 }
 
@@ -261,12 +261,12 @@ TEST(StrictCastsDefault, IsTheBuildWideSetting) {
   // strict_casts_test: the library's default (kThrow); strict_casts_warn_test
   // is built with AMP_STRICT_CASTS_DEFAULT=kWarn, NDEBUG either way.
 #ifdef AMP_TEST_EXPECT_WARN_DEFAULT
-  EXPECT_EQ(amp::kDefaultStrictCasts, StrictCasts::kWarn);
+  EXPECT_EQ(amp::detail::kDefaultStrictCasts, StrictCasts::kWarn);
 #else
-  EXPECT_EQ(amp::kDefaultStrictCasts, StrictCasts::kThrow);
+  EXPECT_EQ(amp::detail::kDefaultStrictCasts, StrictCasts::kThrow);
 #endif
-  EXPECT_EQ(amp::TrainerOptions().strict_casts(), amp::kDefaultStrictCasts);
-  EXPECT_STREQ(amp::to_string(StrictCasts::kWarn), "warn");
+  EXPECT_EQ(amp::TrainerOptions().strict_casts(), amp::detail::kDefaultStrictCasts);
+  EXPECT_STREQ(amp::detail::to_string(StrictCasts::kWarn), "warn");
 }
 
 // --- through the Trainer -----------------------------------------------------
@@ -314,7 +314,7 @@ TEST(StrictCastsTrainer, AManualCastInTheForwardThrowsAndLeavesNoCheckBehind) {
   EXPECT_EQ(msg.rfind("amp: manual cast to BFloat16 (aten::to.dtype from Float", 0), 0u) << msg;
   EXPECT_TRUE(torch::equal(model->weight, before));
   EXPECT_FALSE(key_included());
-  EXPECT_EQ(amp::current_strict_casts(), StrictCasts::kOff);
+  EXPECT_EQ(amp::detail::current_strict_casts(), StrictCasts::kOff);
 }
 
 }  // namespace

@@ -98,7 +98,7 @@ TEST(DynamicScaler, DefaultsAreTorchs) {
   EXPECT_EQ(scaler.get_growth_interval(), 2000);
   EXPECT_EQ(scaler.get_growth_tracker(), 0);
   static_assert(amp::is_scaler_v<amp::GradScaler>);
-  static_assert(amp::uses_loss_scaling_v<amp::DynamicScaler>);
+  static_assert(amp::detail::uses_loss_scaling_v<amp::DynamicScaler>);
 }
 
 TEST(DynamicScaler, ScaleMultipliesAndLazilyCreatesScale) {

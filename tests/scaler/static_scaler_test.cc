@@ -31,7 +31,7 @@ struct Harness {
 
 TEST(StaticScaler, IsAScaler) {
   static_assert(amp::is_scaler_v<amp::StaticScaler>);
-  static_assert(amp::uses_loss_scaling_v<amp::StaticScaler>);
+  static_assert(amp::detail::uses_loss_scaling_v<amp::StaticScaler>);
   amp::StaticScaler scaler;
   EXPECT_TRUE(scaler.is_enabled());
   EXPECT_EQ(scaler.get_scale(), 65536.0);

@@ -193,7 +193,7 @@ TEST(ActivationMeter, FreesAndAllocationsOnOtherThreadsCount) {
 }
 
 TEST(ActivationMeter, OtherDevicesAreErrorsOrCounted) {
-#if AMP_WITH_CUDA
+#if AMP_DETAIL_WITH_CUDA
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   amp::ActivationMeter meter(torch::kCUDA);
   const torch::Tensor t = torch::ones({1 << 18}, torch::kCUDA);  // 1 MiB: whole 512-byte blocks
@@ -201,7 +201,7 @@ TEST(ActivationMeter, OtherDevicesAreErrorsOrCounted) {
   EXPECT_GE(meter.peak_bytes(), meter.bytes());
 #else
   EXPECT_THAT(error_of([] { amp::ActivationMeter meter(torch::kCUDA); }),
-              HasSubstr("amp: ActivationMeter counts CPU memory, not cuda (this build has AMP_WITH_CUDA=0)"));
+              HasSubstr("amp: ActivationMeter counts CPU memory, not cuda (this build has no CUDA)"));
 #endif
   EXPECT_THAT(error_of([] { amp::ActivationMeter meter(torch::kMeta); }), HasSubstr("not meta"));
 }

@@ -197,7 +197,7 @@ void expect_per_optimizer_skips() {
     EXPECT_TRUE(same(snapshot(*g.gen), g0));
     EXPECT_EQ(scale_of(prec), 128.0);
   } else {
-    GTEST_SKIP() << "LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor << " has no fp16 autocast on CPU";
+    GTEST_SKIP() << "LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << " has no fp16 autocast on CPU";
   }
 }
 
@@ -359,11 +359,11 @@ TEST(Fabric, RegionOptionsReachForwardAndEvaluate) {
     prec.setup(g.gen, *g.opt_g);
     amp::LinearRouting in_forward = amp::LinearRouting::kOff, in_eval = amp::LinearRouting::kOff;
     (void)prec.forward([&](auto&) {
-      in_forward = amp::current_linear_routing();
+      in_forward = amp::detail::current_linear_routing();
       return g.gen->forward(g.noise).sum();
     });
     prec.evaluate([&](auto&) {
-      in_eval = amp::current_linear_routing();
+      in_eval = amp::detail::current_linear_routing();
       return 0;
     });
     EXPECT_EQ(in_forward, mode);
@@ -489,7 +489,7 @@ void expect_no_host_reads() {
     for (int i = 1; i < 21; ++i) iteration(prec, g, i, amp::policy_traits<P>::uses_loss_scaling && i == 5 ? kInf : 1.0);
     EXPECT_EQ(ScalarReads::outside, 0) << amp::policy_traits<P>::name;
   } else {
-    GTEST_SKIP() << "LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor
+    GTEST_SKIP() << "LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR
                  << " has no CPU fused optimizers (2.4+)";
   }
 }

@@ -268,7 +268,7 @@ TEST(RngResume, ABadGeneratorEntryIsRefusedAndNothingChanges) {
     torch::optim::AdamW opt(other.parameters(), torch::optim::AdamWOptions(1e-2));
     amp::NoScaler scaler;
     torch::serialize::OutputArchive archive = amp::detail::checkpoint_archive(
-        amp::policy_traits<Policy>::name, amp::CheckpointCounters{3, 0, 0}, other, opt, scaler);
+        amp::policy_traits<Policy>::name, amp::detail::CheckpointCounters{3, 0, 0}, other, opt, scaler);
     archive.write("amp/rng/cpu", torch::zeros({7}, torch::kByte), /*is_buffer=*/true);
     archive.write("amp/rng/cuda_count", c10::IValue(int64_t{0}));
     archive.save_to(bad);

@@ -204,11 +204,11 @@ TEST(Trainer, RegionOptionsReachStepAndEvaluate) {
     T trainer(net, opt, amp::TrainerOptions().progress(false).region(amp::RegionOptions().linear_routing(mode)));
     amp::LinearRouting in_step = amp::LinearRouting::kOff, in_eval = amp::LinearRouting::kOff;
     trainer.step([&](auto&) {
-      in_step = amp::current_linear_routing();
+      in_step = amp::detail::current_linear_routing();
       return torch::cross_entropy_loss(net->forward(data.x), data.y);
     });
     trainer.evaluate([&](auto&) {
-      in_eval = amp::current_linear_routing();
+      in_eval = amp::detail::current_linear_routing();
       return 0;
     });
     EXPECT_EQ(in_step, mode);

@@ -66,6 +66,8 @@ template <class Dev, class = void>
 struct is_device_impl : std::false_type {};
 template <class Dev>
 struct is_device_impl<Dev, std::void_t<decltype(device_traits<Dev>::device_type)>> : std::true_type {};
+template <class Dev>
+inline constexpr bool is_device_v = is_device_impl<Dev>::value;
 
 template <class... Devs>
 constexpr bool has_amp_kernels_in(c10::DeviceType type, std::tuple<Devs...>*) {
@@ -89,8 +91,5 @@ constexpr c10::DispatchKey autocast_key(c10::DeviceType type) {
   return autocast_key_in(type, static_cast<all_devices*>(nullptr));
 }
 }  // namespace detail
-
-template <class Dev>
-inline constexpr bool is_device_v = detail::is_device_impl<Dev>::value;
 
 }  // namespace amp

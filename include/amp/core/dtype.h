@@ -62,18 +62,18 @@ template <class D, class = void>
 struct is_dtype_impl : std::false_type {};
 template <class D>
 struct is_dtype_impl<D, std::void_t<decltype(dtype_traits<D>::scalar_type)>> : std::true_type {};
-}  // namespace detail
-
 // True for the dtype tags above (and any tag given a dtype_traits specialization).
 template <class D>
-inline constexpr bool is_dtype_v = detail::is_dtype_impl<D>::value;
+inline constexpr bool is_dtype_v = is_dtype_impl<D>::value;
 
-template <class D>
-inline constexpr c10::ScalarType scalar_type_v = dtype_traits<D>::scalar_type;
-
-// The 16-bit floating types autocast can compute in.
+// The 16-bit floating tags autocast can compute in.
 template <class D>
 inline constexpr bool is_half_precision_v = std::is_same_v<D, fp16> || std::is_same_v<D, bf16>;
+}  // namespace detail
+
+// A dtype tag's c10::ScalarType.
+template <class D>
+inline constexpr c10::ScalarType scalar_type_v = dtype_traits<D>::scalar_type;
 
 namespace detail {
 // The storage dtypes, for run-time lookups by c10::ScalarType (tf32 is fp32 storage).

@@ -64,11 +64,12 @@ constexpr void for_each_policy(F&& f) {
   boost::hana::for_each(all_policies, std::forward<F>(f));
 }
 
-// Template<P...> for a list of policy types, e.g. ::testing::Types<P...>:
-//   using CpuPolicies = amp::unpack_types_t<::testing::Types, decltype(amp::supported_policies<amp::CPU>)>;
+namespace detail {
+// Template<P...> for a list of policy types (amp::testing::PolicyTypes is the public form).
 template <template <class...> class Template, class List>
 using unpack_types_t =
     typename decltype(boost::hana::unpack(std::declval<std::decay_t<List>>(), boost::hana::template_<Template>))::type;
+}  // namespace detail
 
 // A policy's precision string (Lightning's vocabulary).
 template <class P>
@@ -106,7 +107,7 @@ std::string join_names(List list) {
 // ones this device supports when it names a policy Device cannot run.
 template <class Device, class F>
 auto dispatch_precision(const std::string& name, F&& f) {
-  static_assert(is_device_v<Device>, "amp: Device must be a device tag; use amp::CPU or amp::CUDA");
+  static_assert(detail::is_device_v<Device>, "amp: Device must be a device tag; use amp::CPU or amp::CUDA");
   using Result = decltype(f(boost::hana::front(supported_policies<Device>)));
   const std::string wanted = detail::canonical_precision(name);
   bool known = false;
@@ -124,7 +125,7 @@ auto dispatch_precision(const std::string& name, F&& f) {
       }
     });
     TORCH_CHECK(called, "amp: precision \"", name, "\" is not supported on ", device_traits<Device>::name,
-                " with LibTorch ", kLibTorchMajor, ".", kLibTorchMinor,
+                " with LibTorch ", TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
                 "; supported: ", detail::join_names(supported_policies<Device>));
   } else {
     std::optional<std::decay_t<Result>> result;
@@ -132,7 +133,7 @@ auto dispatch_precision(const std::string& name, F&& f) {
       if (!result && wanted == policy_traits<typename decltype(t)::type>::name) result.emplace(f(t));
     });
     TORCH_CHECK(result.has_value(), "amp: precision \"", name, "\" is not supported on ", device_traits<Device>::name,
-                " with LibTorch ", kLibTorchMajor, ".", kLibTorchMinor,
+                " with LibTorch ", TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
                 "; supported: ", detail::join_names(supported_policies<Device>));
     return std::move(*result);
   }

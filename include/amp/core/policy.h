@@ -64,6 +64,7 @@ struct Float8 {
   using recipe_type = Recipe;
 };
 
+namespace detail {
 // True for any Mixed<...> or True<...> instantiation, valid or not.
 template <class P>
 struct is_policy : std::false_type {};
@@ -91,16 +92,14 @@ inline constexpr bool is_float8_v = false;
 template <class R, class S>
 inline constexpr bool is_float8_v<Float8<R, S>> = true;
 
-namespace detail {
 // torchao's rowwise recipes (their own CPU threshold in rules.h).
 template <class R>
 inline constexpr bool is_rowwise_recipe_v = std::is_same_v<R, Rowwise> || std::is_same_v<R, RowwiseWithGwHp>;
-}  // namespace detail
 
 // A float8 recipe: Tensorwise, Rowwise, RowwiseWithGwHp, or Delayed<H, M>
 // with H >= 1 and 0 <= M < 64.
 template <class R>
-inline constexpr bool is_float8_recipe_v = std::is_same_v<R, Tensorwise> || detail::is_rowwise_recipe_v<R>;
+inline constexpr bool is_float8_recipe_v = std::is_same_v<R, Tensorwise> || is_rowwise_recipe_v<R>;
 template <int H, int M>
 inline constexpr bool is_float8_recipe_v<Delayed<H, M>> = H >= 1 && M >= 0 && M < 64;
 
@@ -108,7 +107,6 @@ inline constexpr bool is_float8_recipe_v<Delayed<H, M>> = H >= 1 && M >= 0 && M 
 template <class P>
 inline constexpr bool uses_autocast_v = is_mixed_v<P> || is_float8_v<P>;
 
-namespace detail {
 constexpr std::size_t length_of(const char* s) {
   std::size_t n = 0;
   while (s[n] != '\0') ++n;
@@ -266,7 +264,7 @@ struct policy_traits<Mixed<Compute, Scaler>> {
   using param_type = detail::policy_param_t<policy>;      // parameters and optimizer state stay fp32
   using scaler_type = Scaler;
   static constexpr bool uses_autocast = true;
-  static constexpr bool uses_loss_scaling = uses_loss_scaling_v<Scaler>;
+  static constexpr bool uses_loss_scaling = detail::uses_loss_scaling_v<Scaler>;
   static constexpr const char* name = detail::policy_name<policy>::value;
 };
 
@@ -289,7 +287,7 @@ struct policy_traits<Float8<Recipe, Scaler>> {
   using scaler_type = Scaler;
   using recipe_type = Recipe;
   static constexpr bool uses_autocast = true;
-  static constexpr bool uses_loss_scaling = uses_loss_scaling_v<Scaler>;
+  static constexpr bool uses_loss_scaling = detail::uses_loss_scaling_v<Scaler>;
   static constexpr const char* name = detail::policy_name<policy>::value;
 };
 

@@ -124,9 +124,9 @@ inline constexpr bool float8_is_unscaled_v = !is_float8_v<P> || std::is_same_v<f
 
 template <class P>
 inline constexpr bool is_valid_policy_v =
-    is_policy_v<P>&& detail::mixed_has_half_compute_v<P>&& detail::mixed_has_scaler_v<P>&& detail::fp16_is_scaled_v<P>&&
-        detail::bf16_is_unscaled_v<P>&& detail::true_has_dtype_v<P>&& detail::mixed_scaler_named_v<P>&&
-            detail::float8_has_recipe_v<P>&& detail::float8_is_unscaled_v<P>;
+    detail::is_policy_v<P>&& detail::mixed_has_half_compute_v<P>&& detail::mixed_has_scaler_v<P>&&
+        detail::fp16_is_scaled_v<P>&& detail::bf16_is_unscaled_v<P>&& detail::true_has_dtype_v<P>&&
+            detail::mixed_scaler_named_v<P>&& detail::float8_has_recipe_v<P>&& detail::float8_is_unscaled_v<P>;
 
 namespace detail {
 template <class P, class Device, bool Valid = is_valid_policy_v<P>&& is_device_v<Device>>
@@ -272,19 +272,6 @@ constexpr bool check_autocast() {
     return true;
   }
 }
-
 }  // namespace detail
-
-// The static rules as a public check, for generic code that takes a policy:
-//   static_assert(amp::require_valid_policy<P>());      // one `amp:` message per broken rule
-//   static_assert(amp::require_supported<P, amp::CPU>());
-template <class P>
-constexpr bool require_valid_policy() {
-  return detail::check_policy<P>();
-}
-template <class P, class Device>
-constexpr bool require_supported() {
-  return detail::check_supported<P, Device>();
-}
 
 }  // namespace amp

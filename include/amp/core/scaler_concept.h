@@ -1,8 +1,7 @@
 // amp/core/scaler_concept.h: what a scaler type must provide, and what it may.
 //
 //   static_assert(amp::is_scaler_v<amp::DynamicScaler>);
-//   static_assert(amp::uses_loss_scaling_v<amp::DynamicScaler>);
-//   static_assert(!amp::uses_loss_scaling_v<amp::NoScaler>);
+//   static_assert(amp::DynamicScaler::kLossScaling && !amp::NoScaler::kLossScaling);
 //   static_assert(amp::scaler_capabilities<amp::DynamicScaler>::fused_step);
 //
 // The interface is torch.amp.GradScaler's: scale(loss), unscale_(optimizer),
@@ -105,25 +104,23 @@ inline constexpr bool is_scaler_v =
     std::disjunction_v<detail::builtin_scaler<S>,
                        std::conjunction<detail::has_loss_scaling_flag<S>, detail::has_scaler_methods<S>>>;
 
-template <class S, bool = is_scaler_v<S>, bool = detail::builtin_scaler<S>::value>
+namespace detail {
+template <class S, bool = is_scaler_v<S>, bool = builtin_scaler<S>::value>
 struct uses_loss_scaling : std::false_type {};
 template <class S>
 struct uses_loss_scaling<S, true, false> : std::bool_constant<S::kLossScaling> {};
 template <class S>
-struct uses_loss_scaling<S, true, true> : std::bool_constant<detail::builtin_scaler<S>::loss_scaling> {};
+struct uses_loss_scaling<S, true, true> : std::bool_constant<builtin_scaler<S>::loss_scaling> {};
 
-namespace detail {
 // For the built-in scalers' headers: the definition matches builtin_scaler.
 template <class S>
 inline constexpr bool builtin_scaler_matches_v =
     has_loss_scaling_flag<S>::value&& has_scaler_methods<S>::value&& S::kLossScaling == builtin_scaler<S>::loss_scaling;
-}  // namespace detail
 
 // True for scalers that multiply the loss (and so must unscale and check inf/NaN).
 template <class S>
 inline constexpr bool uses_loss_scaling_v = uses_loss_scaling<S>::value;
 
-namespace detail {
 template <class S, class = void>
 struct has_found_inf : std::false_type {};
 template <class S>

@@ -29,23 +29,23 @@
 #include "amp/detail/compat.h"
 #include "amp/version.h"
 
-// AMP_HAS_NCCL: 1 when this LibTorch was built with NCCL (its build defines
+// AMP_DETAIL_HAS_NCCL: 1 when this LibTorch was built with NCCL (its build defines
 // USE_C10D_NCCL: the pip wheel's TorchConfig passes it on to CMake targets;
 // Debian's CPU LibTorch has none) and NCCL's nccl.h is on the include path
 // (pip: site-packages/nvidia/nccl/include; CUDA installs may have it).
 // ProcessGroupNCCL.hpp declares nothing without USE_C10D_NCCL. Define
-// AMP_HAS_NCCL=0 to leave NCCL out.
-#ifndef AMP_HAS_NCCL
+// AMP_DETAIL_HAS_NCCL=0 to leave NCCL out.
+#ifndef AMP_DETAIL_HAS_NCCL
 #if defined(USE_C10D_NCCL) && defined(__has_include)
 #if __has_include(<nccl.h>)
-#define AMP_HAS_NCCL 1
+#define AMP_DETAIL_HAS_NCCL 1
 #endif
 #endif
 #endif
-#ifndef AMP_HAS_NCCL
-#define AMP_HAS_NCCL 0
+#ifndef AMP_DETAIL_HAS_NCCL
+#define AMP_DETAIL_HAS_NCCL 0
 #endif
-#if AMP_HAS_NCCL
+#if AMP_DETAIL_HAS_NCCL
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -61,7 +61,7 @@
 
 namespace amp::detail::compat {
 
-inline constexpr bool kHasNccl = AMP_HAS_NCCL;
+inline constexpr bool kHasNccl = AMP_DETAIL_HAS_NCCL;
 
 // Which 16-bit dtypes Gloo takes is a property of the LibTorch build, not of
 // its version: ProcessGroupGloo rejects a dtype it was built without
@@ -141,7 +141,7 @@ inline std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string&
                           : c10d::ProcessGroupGloo::createDeviceForHostname(hostname);
 }
 
-#if AMP_HAS_NCCL
+#if AMP_DETAIL_HAS_NCCL
 // An NCCL group on `store` (both lines: (store, rank, size, options), with
 // Options::timeout). It makes no communicator until its first collective.
 inline c10::intrusive_ptr<c10d::ProcessGroupNCCL> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,

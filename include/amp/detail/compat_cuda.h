@@ -2,11 +2,11 @@
 // CUDA runtime calls that code makes (CUDA graphs, streams, the default CUDA
 // generator, the caching allocator's counters).
 //
-//   #if AMP_WITH_CUDA
+//   #if AMP_DETAIL_WITH_CUDA
 //   amp::detail::compat::CudaGraph graph; ...
 //   #endif
 //
-// AMP_WITH_CUDA is 1 where LibTorch's CUDA headers and CUDA's runtime headers
+// AMP_DETAIL_WITH_CUDA is 1 where LibTorch's CUDA headers and CUDA's runtime headers
 // are both on the include path (a CUDA LibTorch through its TorchConfig.cmake:
 // the pip wheel), else 0 (Debian's CPU LibTorch). Define it to 0 to leave the
 // CUDA code out of a build that has the headers but links a CPU LibTorch.
@@ -16,18 +16,18 @@
 
 #include <cstdint>
 
-#ifndef AMP_WITH_CUDA
+#ifndef AMP_DETAIL_WITH_CUDA
 #if defined(__has_include)
 #if __has_include(<ATen/cuda/CUDAGraph.h>) && __has_include(<cuda_runtime_api.h>)
-#define AMP_WITH_CUDA 1
+#define AMP_DETAIL_WITH_CUDA 1
 #endif
 #endif
 #endif
-#ifndef AMP_WITH_CUDA
-#define AMP_WITH_CUDA 0
+#ifndef AMP_DETAIL_WITH_CUDA
+#define AMP_DETAIL_WITH_CUDA 0
 #endif
 
-#if AMP_WITH_CUDA
+#if AMP_DETAIL_WITH_CUDA
 #include <ATen/Tensor.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -97,4 +97,4 @@ inline c10::cuda::CUDAStream side_stream(c10::DeviceIndex device) {
 }  // namespace compat
 }  // namespace detail
 }  // namespace amp
-#endif  // AMP_WITH_CUDA
+#endif  // AMP_DETAIL_WITH_CUDA

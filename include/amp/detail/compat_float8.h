@@ -37,7 +37,7 @@ namespace amp {
 namespace detail {
 
 // The largest finite value of each float8 format (torch.finfo(dtype).max):
-// float8::kE4M3Max and kE5M2Max, and the fp8 optimizer states' scale.
+// float8's recipes and the fp8 optimizer states' scale.
 inline constexpr double kFloat8E4M3Max = 448.0;
 inline constexpr double kFloat8E5M2Max = 57344.0;
 

@@ -1,6 +1,6 @@
 // amp/distributed/data_parallel.h: data-parallel training on c10d (LibTorch's own
 // distributed engine): CPU processes over Gloo; CUDA ones over NCCL where
-// LibTorch has it (AMP_HAS_NCCL; compiled, never run so far: README).
+// LibTorch has it (AMP_DETAIL_HAS_NCCL; compiled, never run so far: README).
 //
 //   // launched as N processes: tools/launch -n 2 -- ./train   (or torchrun)
 //   amp::ProcessGroup pg = amp::init_process_group();      // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -249,7 +249,7 @@ class DataParallel : public GradientSync {
     rebuilt_ = true;
     const auto cap = static_cast<size_t>(options_.bucket_cap_mb() * 1024.0 * 1024.0);
     // dist._DEFAULT_FIRST_BUCKET_BYTES; 2.6+ (not 1.13): the cap where bucket_cap_mb is given.
-    const size_t first = (libtorch_at_least(2, 6) && options_.bucket_cap_mb() != 25.0) ? cap : size_t{1} << 20;
+    const size_t first = (detail::libtorch_at_least(2, 6) && options_.bucket_cap_mb() != 25.0) ? cap : size_t{1} << 20;
     const auto mine = detail::rebuilt_buckets(params_, arrival_, first, cap);
     buckets_->lay_out(detail::sync_buckets(pg_, mine, arrival_.size()));
     arrival_.clear();

@@ -25,7 +25,7 @@ namespace amp {
 // What carries CUDA tensors between processes. CPU tensors, and amp's own
 // messages (shape check, checkpoint status, fit()'s losses), always go over Gloo.
 enum class Backend {
-  kAuto,  // NCCL for CUDA tensors where this LibTorch has it (AMP_HAS_NCCL), Gloo for CPU ones
+  kAuto,  // NCCL for CUDA tensors where this LibTorch has it (AMP_DETAIL_HAS_NCCL), Gloo for CPU ones
   kGloo,  // Gloo only: CPU tensors; amp never touches CUDA
   kNccl,  // NCCL for CUDA tensors; init_process_group fails without NCCL or a GPU for LOCAL_RANK
 };
@@ -76,14 +76,14 @@ inline ProcessInfo process_info_from_env() {
 
 namespace detail {
 constexpr const char* kNoNcclFix =
-    "this LibTorch build has no NCCL for amp (AMP_HAS_NCCL is 0: USE_C10D_NCCL not defined, as in Debian's CPU "
+    "this LibTorch build has no NCCL for amp (AMP_DETAIL_HAS_NCCL is 0: USE_C10D_NCCL not defined, as in Debian's CPU "
     "LibTorch, or nccl.h not on the include path); build against a CUDA LibTorch with NCCL (the pip wheel's "
     "TorchConfig defines USE_C10D_NCCL) with NCCL's headers, or train on CPU with Backend::kGloo";
 
 // The NCCL group, made on the first CUDA collective (shared by copies).
 struct NcclSlot {
   std::mutex mutex;
-#if AMP_HAS_NCCL
+#if AMP_DETAIL_HAS_NCCL
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> group;
 #endif
 };
@@ -129,7 +129,7 @@ class ProcessGroup {
                 "kNccl, or keep the model on CPU");
   }
 
-#if AMP_HAS_NCCL
+#if AMP_DETAIL_HAS_NCCL
   // The NCCL group (on a PrefixStore of the same TCPStore, with the same
   // timeout), made on first use; every rank reaches it at the same collective.
   c10d::ProcessGroupNCCL& nccl() const {
@@ -232,7 +232,7 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Work> on_backend_of(const at::Tensor& t, const std::string& what, F&& f) const {
     if (t.is_cuda()) {
       require_cuda(what);
-#if AMP_HAS_NCCL
+#if AMP_DETAIL_HAS_NCCL
       return f(nccl());
 #endif
     }
@@ -268,7 +268,7 @@ inline c10::Device training_device(const ProcessInfo& info, Backend backend) {
                 " CUDA device(s); start one process per GPU, or pass init_process_group a ProcessInfo whose "
                 "local_rank is this process's GPU index");
   }
-#if AMP_HAS_NCCL
+#if AMP_DETAIL_HAS_NCCL
   if (backend != Backend::kGloo && torch::cuda::is_available() &&
       static_cast<size_t>(info.local_rank) < torch::cuda::device_count()) {
     compat::set_cuda_device(info.local_rank);

@@ -279,7 +279,7 @@ class ShardedOptimizer : public torch::optim::Optimizer, public SupportsAmpScali
         pg_, detail::shape_summary(all, {}), [](size_t i) { return "#" + std::to_string(i); }, "ShardedOptimizer");
     owner_ = detail::partition_parameters(numels, pg_.world_size());
     inner_ = make_(groups_of(pg_.rank()));
-    if (fused_kind(*inner_, device_.type()) != FusedKind::kNone) inner_fused_.emplace(*inner_);
+    if (detail::fused_kind(*inner_, device_.type()) != FusedKind::kNone) inner_fused_.emplace(*inner_);
     for (int r = 0; r < pg_.world_size(); ++r)
       for (const auto& group : groups_of(r))
         for (const auto& p : group.params()) {

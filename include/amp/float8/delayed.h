@@ -65,8 +65,8 @@ class DelayedScaling {
   int64_t track(torch::nn::Module& model, const std::string& prefix = "") {
     std::vector<std::pair<std::string, at::Tensor>> found;
     std::map<std::string, int> names;
-    for (const auto& [path, linear] : linears_of(model)) {
-      if (!fits(linear->weight)) continue;
+    for (const auto& [path, linear] : detail::linears_of(model)) {
+      if (!detail::fits(linear->weight)) continue;
       found.emplace_back(prefix + path, linear->weight);
       check_new(found.back().first, found.back().second);
       TORCH_CHECK(names[found.back().first]++ == 0, "amp: two linears named ", found.back().first);
@@ -119,8 +119,10 @@ class DelayedScaling {
       }
     }
     for (detail::DelayedSlots& s : slots_) {
-      s.fwd_scale.copy_(delayed_scale_update(s.fwd_history, s.fwd_scale, kE4M3Max, options_.margin()));
-      s.bwd_scale.copy_(delayed_scale_update(s.bwd_history, s.bwd_scale, kE5M2Max, options_.margin()));
+      s.fwd_scale.copy_(
+          detail::delayed_scale_update(s.fwd_history, s.fwd_scale, amp::detail::kFloat8E4M3Max, options_.margin()));
+      s.bwd_scale.copy_(
+          detail::delayed_scale_update(s.bwd_history, s.bwd_scale, amp::detail::kFloat8E5M2Max, options_.margin()));
     }
   }
 
@@ -166,8 +168,9 @@ class DelayedScaling {
   }
 
   void check_new(const std::string& name, const at::Tensor& weight) const {
-    TORCH_CHECK(fits(weight), "amp: float8 delayed scaling tracks weights whose dimensions are multiples of 16; ", name,
-                " is ", weight.sizes());
+    TORCH_CHECK(detail::fits(weight),
+                "amp: float8 delayed scaling tracks weights whose dimensions are multiples of 16; ", name, " is ",
+                weight.sizes());
     TORCH_CHECK(by_weight_.count(weight.unsafeGetTensorImpl()) == 0, "amp: the weight ", name,
                 " is already tracked by this DelayedScaling");
     TORCH_CHECK(by_name_.count(name) == 0, "amp: DelayedScaling already tracks a weight named ", name);

@@ -36,6 +36,8 @@
 namespace amp {
 namespace float8 {
 
+namespace detail {
+
 // Whether a linear of `weight` ([out, in]) runs in float8: both dimensions
 // multiples of 16. Others stay in the region's 16-bit dtype (torchao's filter).
 inline bool fits(const at::Tensor& weight) {
@@ -54,14 +56,14 @@ inline std::vector<std::pair<std::string, torch::nn::LinearImpl*>> linears_of(co
   }
   return out;
 }
+}  // namespace detail
 
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
 
+namespace detail {
 // The dtype a float8 linear computes and returns in (and that the rest of a
 // float8 model runs in under autocast).
 inline constexpr at::ScalarType kComputeDtype = at::kBFloat16;
-
-namespace detail {
 
 // at::_scaled_mm as torchao reaches it: inside mm's autocast kernel, with
 // autocast excluded. Where LibTorch emulates it (a CPU without AMX-INT8, or
@@ -195,7 +197,7 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
                 "amp: float8::linear<Recipe> takes amp::Tensorwise here; for amp::Rowwise and "
                 "amp::RowwiseWithGwHp #include <amp/float8/rowwise.h>; Delayed scaling runs through "
                 "amp::float8::DelayedScaling and DelayedLinearGuard");
-  if (!fits(weight)) return at::linear(input, weight, bias);
+  if (!detail::fits(weight)) return at::linear(input, weight, bias);
   return detail::float8_linear(input, weight, bias, nullptr);
 }
 

@@ -45,12 +45,12 @@ struct Coverage {
 // `map`: a region's precision map resolved against `model` (PrecisionMap::resolve), or null.
 inline Coverage coverage(const torch::nn::Module& model, const amp::detail::PrecisionTable* map = nullptr) {
   Coverage out;
-  for (const auto& [name, linear] : linears_of(model)) {
+  for (const auto& [name, linear] : detail::linears_of(model)) {
     const at::Tensor& w = linear->weight;
     const ModulePrecision* p = map != nullptr ? amp::detail::mapped_precision(*map, w) : nullptr;
     if (p != nullptr) {
-      out.mapped.push_back(name + " (" + to_string(*p) + ")");
-    } else if (fits(w)) {
+      out.mapped.push_back(name + " (" + ::amp::detail::to_string(*p) + ")");
+    } else if (detail::fits(w)) {
       out.converted.push_back(name);
     } else {
       out.kept.push_back(name + " [" + std::to_string(w.size(0)) + ", " + std::to_string(w.size(1)) + "]");
@@ -85,7 +85,7 @@ void check_device(const c10::Device& device) {
   constexpr bool rowwise = amp::detail::is_rowwise_recipe_v<Recipe>;
   if (!device.is_cuda() && !rowwise) return;  // the static rules checked CPU's LibTorch
   const auto f32 = at::TensorOptions().device(device).dtype(at::kFloat);
-  const at::Tensor a = at::zeros({16, 16}, f32).to(kE4M3);
+  const at::Tensor a = at::zeros({16, 16}, f32).to(detail::kE4M3);
   const at::Tensor sa = rowwise ? at::ones({16, 1}, f32) : at::ones({}, f32);
   const at::Tensor sb = rowwise ? at::ones({1, 16}, f32) : at::ones({}, f32);
   try {

@@ -1,9 +1,10 @@
 // amp/float8/recipe.h: the float8 scaling formulas, as tensors on the data's
 // device (no host sync), shared by the fp8 linear and its tests.
 //
-//   auto amax = amp::float8::amax_of(x);                             // max|x|, 0-dim
-//   auto scale = amp::float8::scale_from_amax(amax, at::kFloat8_e4m3fn);
-//   auto x8 = amp::float8::to_float8(x, scale, at::kFloat8_e4m3fn);   // saturated at +-448
+//   namespace f8 = amp::float8::detail;  // internal: the formulas behind float8::linear
+//   auto amax = f8::amax_of(x);                             // max|x|, 0-dim
+//   auto scale = f8::scale_from_amax(amax, at::kFloat8_e4m3fn);
+//   auto x8 = f8::to_float8(x, scale, at::kFloat8_e4m3fn);   // saturated at +-448
 //
 // Tensorwise current scaling is torchao.float8's default (float8_utils.py):
 // scale = fp8_max / max(amax, 1e-12), computed in fp64 and stored as fp32;
@@ -27,10 +28,11 @@
 
 namespace amp {
 namespace float8 {
+namespace detail {
 
-// The largest finite value of each float8 format.
-inline constexpr double kE4M3Max = amp::detail::kFloat8E4M3Max;  // float8_e4m3fn: forward inputs and weights
-inline constexpr double kE5M2Max = amp::detail::kFloat8E5M2Max;  // float8_e5m2: output gradients (backward)
+// The largest finite value of each float8 format: amp::detail::kFloat8E4M3Max
+// (float8_e4m3fn: forward inputs and weights) and kFloat8E5M2Max (float8_e5m2:
+// output gradients), which the fp8 optimizer states share.
 // torchao's floor under amax, so that an all-zero tensor gets a finite scale.
 inline constexpr double kAmaxEps = 1e-12;
 
@@ -42,7 +44,7 @@ inline constexpr at::ScalarType kE5M2 = at::kFloat8_e5m2;
 inline double max_of(at::ScalarType fp8) {
   TORCH_CHECK(fp8 == kE4M3 || fp8 == kE5M2, "amp: float8 formats are at::kFloat8_e4m3fn and at::kFloat8_e5m2, not ",
               c10::toString(fp8));
-  return fp8 == kE4M3 ? kE4M3Max : kE5M2Max;
+  return fp8 == kE4M3 ? amp::detail::kFloat8E4M3Max : amp::detail::kFloat8E5M2Max;
 }
 
 // max|x| as a 0-dim tensor of x's dtype.
@@ -91,5 +93,6 @@ inline at::Tensor delayed_scale_update(at::Tensor& history, const at::Tensor& sc
   return sf;
 }
 
+}  // namespace detail
 }  // namespace float8
 }  // namespace amp

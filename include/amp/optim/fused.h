@@ -30,6 +30,7 @@
 #include "amp/optim/detail/fused_ops.h"
 
 namespace amp {
+namespace detail {
 
 // Which fused kernel serves `optimizer` for parameters on `device`: kNone when
 // the optimizer is another class (exactly torch::optim::Adam, AdamW or SGD,
@@ -38,8 +39,9 @@ namespace amp {
 // take (Float, Double, Half, BFloat16) or is not dense and strided.
 inline FusedKind fused_kind(const torch::optim::Optimizer& optimizer, c10::DeviceType device) {
   FusedKind kind = FusedKind::kNone;
-  return detail::fused::unsupported_reason(optimizer, device, &kind).empty() ? kind : FusedKind::kNone;
+  return fused::unsupported_reason(optimizer, device, &kind).empty() ? kind : FusedKind::kNone;
 }
+}  // namespace detail
 
 class FusedStep {
  public:
@@ -408,7 +410,7 @@ class FusedStep {
 
   torch::optim::Optimizer* optimizer_;
   FusedKind kind_ = FusedKind::kNone;
-  std::vector<c10::DeviceType> devices_;  // devices checked by fused_kind's rules
+  std::vector<c10::DeviceType> devices_;  // devices checked by detail::fused_kind's rules
   SupportsAmpScaling* own_ = nullptr;     // kOptimizer: the optimizer's own step_scaled()
   std::unordered_map<c10::TensorImpl*, Record> records_;
   std::vector<std::pair<c10::TensorImpl*, detail::compat::OptimStateKey>>

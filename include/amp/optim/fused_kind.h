@@ -1,8 +1,8 @@
 // amp/optim/fused_kind.h: FusedKind, which of ATen's fused optimizer kernels
 // serves an optimizer, or kOptimizer for one that takes grad_scale/found_inf
-// itself (optim/supports_amp_scaling.h); amp::fused_kind in optim/fused.h decides.
+// itself (optim/supports_amp_scaling.h); amp::detail::fused_kind in optim/fused.h decides.
 //
-//   if (amp::fused_kind(optimizer, c10::DeviceType::CPU) != amp::FusedKind::kNone) { ... }
+//   if (amp::detail::fused_kind(optimizer, c10::DeviceType::CPU) != amp::FusedKind::kNone) { ... }
 #pragma once
 
 namespace amp {

@@ -60,6 +60,7 @@ struct LowBitOptions {
   TORCH_ARG(bool, fused) = true;
 };
 
+namespace detail {
 // One parameter's state: torchao's state["step"], "exp_avg", "exp_avg_sq"
 // and (amsgrad) "max_exp_avg_sq".
 struct LowBitAdamParamState : public torch::optim::OptimizerCloneableParamState<LowBitAdamParamState> {
@@ -91,6 +92,7 @@ struct LowBitAdamParamState : public torch::optim::OptimizerCloneableParamState<
   }
 };
 
+// The class behind the six aliases below (name one of them).
 template <StateFormat Format, bool IsAdamW>
 class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
   static_assert(Format != StateFormat::kFloat, "amp: LowBitAdam needs a quantized format; use torch::optim::AdamW");
@@ -188,7 +190,7 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
   }
 
   void save(torch::serialize::OutputArchive& archive) const override {
-    torch::optim::serialize<LowBitAdamParamState, Options>(archive, *this);
+    torch::optim::serialize<detail::LowBitAdamParamState, Options>(archive, *this);
   }
 
   // Loads a checkpoint written by save() of the same optimizer class and
@@ -199,7 +201,7 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
     state().clear();
     try {
       try {
-        torch::optim::serialize<LowBitAdamParamState, Options>(archive, *this);
+        torch::optim::serialize<detail::LowBitAdamParamState, Options>(archive, *this);
       } catch (const c10::Error& e) {
         const std::string what = e.what_without_backtrace();
         if (what.rfind("amp:", 0) == 0) throw;
@@ -211,7 +213,7 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
         for (size_t i = 0; i < params.size(); ++i) {
           auto entry = state().find(detail::compat::optim_state_key(params[i].unsafeGetTensorImpl()));
           if (entry == state().end()) continue;
-          auto* s = dynamic_cast<LowBitAdamParamState*>(entry->second.get());
+          auto* s = dynamic_cast<detail::LowBitAdamParamState*>(entry->second.get());
           TORCH_INTERNAL_ASSERT(s != nullptr);
           check_loaded(*s, params[i], g, i);
         }
@@ -226,7 +228,7 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
   struct Item {
     at::Tensor param;
     const Options* options;
-    LowBitAdamParamState* state;
+    detail::LowBitAdamParamState* state;
   };
 
   static void check_options(const Options& o) {
@@ -258,9 +260,9 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
                     "parameter ", i, " of param group ", g, " does not match it (", grad.sizes(), " on ", grad.device(),
                     " vs ", p.sizes(), " on ", p.device(), ")");
         auto entry = state().find(detail::compat::optim_state_key(p.unsafeGetTensorImpl()));
-        LowBitAdamParamState* s = nullptr;
+        detail::LowBitAdamParamState* s = nullptr;
         if (entry != state().end()) {
-          s = dynamic_cast<LowBitAdamParamState*>(entry->second.get());
+          s = dynamic_cast<detail::LowBitAdamParamState*>(entry->second.get());
           TORCH_CHECK(s != nullptr, "amp: ", name(), ": the state of parameter ", i, " of param group ", g,
                       " is another optimizer's");
           TORCH_CHECK(s->step().device() == p.device(), "amp: ", name(), ": the state of parameter ", i,
@@ -273,12 +275,12 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
       if (item.state != nullptr) continue;
       const at::Tensor& p = item.param;
       const bool amsgrad = item.options->amsgrad();
-      auto fresh = std::make_unique<LowBitAdamParamState>();
+      auto fresh = std::make_unique<detail::LowBitAdamParamState>();
       const StateFormat f = format_for(p);
       fresh->step(at::zeros({}, p.options().dtype(at::kFloat)));
-      fresh->exp_avg(QuantizedState::zeros(p, f, /*is_signed=*/true, block_size()));
-      fresh->exp_avg_sq(QuantizedState::zeros(p, f, /*is_signed=*/false, block_size()));
-      if (amsgrad) fresh->max_exp_avg_sq(QuantizedState::zeros(p, f, /*is_signed=*/false, block_size()));
+      fresh->exp_avg(detail::QuantizedState::zeros(p, f, /*is_signed=*/true, block_size()));
+      fresh->exp_avg_sq(detail::QuantizedState::zeros(p, f, /*is_signed=*/false, block_size()));
+      if (amsgrad) fresh->max_exp_avg_sq(detail::QuantizedState::zeros(p, f, /*is_signed=*/false, block_size()));
       item.state = fresh.get();
       state()[detail::compat::optim_state_key(p.unsafeGetTensorImpl())] = std::move(fresh);
     }
@@ -289,7 +291,7 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
   // undefined): true leaves parameter and state as they were.
   void step_param(const Item& item, const at::Tensor& grad, const at::Tensor& keep) {
     const Options& o = *item.options;
-    LowBitAdamParamState& s = *item.state;
+    detail::LowBitAdamParamState& s = *item.state;
     const at::Tensor& p = item.param;
     const double beta1 = std::get<0>(o.betas());
     const double beta2 = std::get<1>(o.betas());
@@ -340,7 +342,7 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
   // step_param's arithmetic in one pass per block (optim/detail/lowbit_fused_step.h).
   void fused_step_param(const Item& item, at::Tensor& grad, const at::Tensor& inv_scale, const at::Tensor& keep) {
     const Options& o = *item.options;
-    LowBitAdamParamState& s = *item.state;
+    detail::LowBitAdamParamState& s = *item.state;
     TORCH_CHECK(!o.amsgrad() || s.max_exp_avg_sq().defined(), "amp: ", name(),
                 ": amsgrad was turned on after the first step");
     detail::lowbit::AdamHyper h;
@@ -361,12 +363,12 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
 
   // The moment's dequantized value lerped towards `end`: in place on the
   // dequantized copy, out of place when that is the state's own tensor.
-  static at::Tensor lerped(const QuantizedState& q, const at::Tensor& end, double weight) {
+  static at::Tensor lerped(const detail::QuantizedState& q, const at::Tensor& end, double weight) {
     at::Tensor d = q.dequantize();
     return d.is_same(q.values()) ? d.lerp(end, weight) : d.lerp_(end, weight);
   }
 
-  void check_loaded(LowBitAdamParamState& s, const at::Tensor& p, size_t g, size_t i) const {
+  void check_loaded(detail::LowBitAdamParamState& s, const at::Tensor& p, size_t g, size_t i) const {
     const std::string where = " of parameter " + std::to_string(i) + " of param group " + std::to_string(g);
     const StateFormat f = format_for(p);
     s.exp_avg().check_fits(p, f, block_size(), "exp_avg" + where);
@@ -377,13 +379,14 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
 
   LowBitOptions low_bit_;
 };
+}  // namespace detail
 
 // torchao's classes (torchao/optim/adam.py), with LibTorch's options.
-using Adam8bit = LowBitAdam<StateFormat::kInt8, false>;
-using AdamW8bit = LowBitAdam<StateFormat::kInt8, true>;
-using Adam4bit = LowBitAdam<StateFormat::kInt4, false>;
-using AdamW4bit = LowBitAdam<StateFormat::kInt4, true>;
-using AdamFp8 = LowBitAdam<StateFormat::kFp8, false>;
-using AdamWFp8 = LowBitAdam<StateFormat::kFp8, true>;
+using Adam8bit = detail::LowBitAdam<StateFormat::kInt8, false>;
+using AdamW8bit = detail::LowBitAdam<StateFormat::kInt8, true>;
+using Adam4bit = detail::LowBitAdam<StateFormat::kInt4, false>;
+using AdamW4bit = detail::LowBitAdam<StateFormat::kInt4, true>;
+using AdamFp8 = detail::LowBitAdam<StateFormat::kFp8, false>;
+using AdamWFp8 = detail::LowBitAdam<StateFormat::kFp8, true>;
 
 }  // namespace amp

@@ -3,9 +3,9 @@
 // OptimState8bit, OptimState4bit and OptimStateFp8), or in the parameter's
 // own dtype for small tensors.
 //
-//   amp::QuantizedState m = amp::QuantizedState::zeros(param, amp::StateFormat::kInt8, /*is_signed=*/true, 256);
-//   at::Tensor f = m.dequantize();       // fp32, param's shape
-//   m.assign_(f.lerp(grad, 0.1));        // block-wise absmax scale, codes rounded to the nearest map entry
+//   amp::detail::QuantizedState m = amp::detail::QuantizedState::zeros(param, amp::StateFormat::kInt8,
+//   /*is_signed=*/true, 256); at::Tensor f = m.dequantize();       // fp32, param's shape m.assign_(f.lerp(grad, 0.1));
+//   // block-wise absmax scale, codes rounded to the nearest map entry
 //
 // The math is torchao's, op for op in eager mode (torchao/optim/quant_utils.py,
 // subclass_8bit.py, subclass_4bit.py, subclass_fp8.py), so the codes and
@@ -30,6 +30,7 @@
 #include "amp/optim/state_format.h"
 
 namespace amp {
+namespace detail {
 
 class QuantizedState {
  public:
@@ -48,7 +49,7 @@ class QuantizedState {
       s.values_ = at::zeros_like(param, at::MemoryFormat::Contiguous);
       return s;
     }
-    TORCH_CHECK(block_size > 0 && s.numel_ % block_size == 0, "amp: a ", state_format_name(format),
+    TORCH_CHECK(block_size > 0 && s.numel_ % block_size == 0, "amp: a ", detail::state_format_name(format),
                 " state needs a numel that is a multiple of the block size ", block_size, ", got ", s.numel_);
     TORCH_CHECK(format != StateFormat::kInt4 || block_size % 2 == 0, "amp: a 4-bit state needs an even block size");
     const at::TensorOptions on = param.options();
@@ -190,16 +191,17 @@ class QuantizedState {
       return;
     }
     TORCH_CHECK(format_ != StateFormat::kFloat, "amp: ", what, " is a plain tensor in the checkpoint, but this ",
-                "optimizer keeps it ", state_format_name(format), " (a checkpoint of another optimizer?)");
+                "optimizer keeps it ", detail::state_format_name(format), " (a checkpoint of another optimizer?)");
     TORCH_CHECK((format_ == StateFormat::kFp8) == (format == StateFormat::kFp8), "amp: ", what, " is ",
                 format_ == StateFormat::kFp8 ? "fp8" : "8-/4-bit", " in the checkpoint, but this optimizer keeps it ",
-                state_format_name(format), " (a checkpoint of another optimizer?)");
+                detail::state_format_name(format), " (a checkpoint of another optimizer?)");
     const at::ScalarType expected_codes = code_dtype(format);
     const at::ScalarType saved = format == StateFormat::kFp8 ? at::kByte : expected_codes;
     const int64_t expected_numel = format == StateFormat::kInt4 ? numel / 2 : numel;
     TORCH_CHECK(codes_.scalar_type() == saved && codes_.dim() == 1 && codes_.numel() == expected_numel, "amp: ", what,
                 " has ", codes_.numel(), " codes of type ", codes_.scalar_type(), " in the checkpoint; a ",
-                state_format_name(format), " state of this parameter has ", expected_numel, " codes of type ", saved);
+                detail::state_format_name(format), " state of this parameter has ", expected_numel, " codes of type ",
+                saved);
     TORCH_CHECK(scale_.scalar_type() == at::kFloat && scale_.dim() == 1 && scale_.numel() * block_size == numel,
                 "amp: ", what, " has ", scale_.numel(), " scales in the checkpoint; with block size ", block_size,
                 " this parameter has ", numel / block_size, " (a checkpoint of another block size?)");
@@ -231,4 +233,5 @@ class QuantizedState {
   at::Tensor values_, codes_, scale_, qmap_;
 };
 
+}  // namespace detail
 }  // namespace amp

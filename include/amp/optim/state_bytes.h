@@ -41,7 +41,7 @@ inline int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
   int64_t total = 0;
   for (const auto& entry : optimizer.state()) {
     const torch::optim::OptimizerParamState* s = entry.second.get();
-    if (const auto* low = dynamic_cast<const LowBitAdamParamState*>(s)) {
+    if (const auto* low = dynamic_cast<const detail::LowBitAdamParamState*>(s)) {
       total += low->nbytes();
     } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
       total += detail::tensor_bytes({&adam->exp_avg(), &adam->exp_avg_sq(), &adam->max_exp_avg_sq()});

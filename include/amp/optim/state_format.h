@@ -11,6 +11,7 @@ namespace amp {
 // quantized format keeps one fp32 absmax scale per block.
 enum class StateFormat { kFloat, kInt8, kInt4, kFp8 };
 
+namespace detail {
 inline const char* state_format_name(StateFormat f) {
   switch (f) {
     case StateFormat::kInt8:
@@ -24,5 +25,6 @@ inline const char* state_format_name(StateFormat f) {
   }
   return "float";
 }
+}  // namespace detail
 
 }  // namespace amp

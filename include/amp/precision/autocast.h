@@ -186,7 +186,7 @@ decltype(auto) autocast(F&& fn) {
 //   { amp::AutocastDisabled<amp::CPU> island; auto p = torch::softmax(logits.to(torch::kFloat), 1); }
 template <class Device>
 class AutocastDisabled {
-  static_assert(is_device_v<Device>,
+  static_assert(detail::is_device_v<Device>,
                 "amp: AutocastDisabled<Device> needs a device tag; use amp::AutocastDisabled<amp::CPU> or "
                 "amp::AutocastDisabled<amp::CUDA>");
 

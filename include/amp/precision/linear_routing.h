@@ -61,9 +61,8 @@ enum class LinearRouting : std::uint8_t {
   kOn,   // one aten::linear per layer call: a weight is cast once per region, as in Python
 };
 
-inline const char* to_string(LinearRouting mode) { return mode == LinearRouting::kOn ? "on" : "off"; }
-
 namespace detail {
+inline const char* to_string(LinearRouting mode) { return mode == LinearRouting::kOn ? "on" : "off"; }
 
 inline constexpr c10::DispatchKey kLinearRoutingKey = c10::DispatchKey::TESTING_ONLY_GenericWrapper;
 
@@ -258,11 +257,10 @@ class LinearRoutingGuard {
   bool prev_included_;
 };
 
-}  // namespace detail
-
 // Whether this thread's linears are routed now.
 inline LinearRouting current_linear_routing() {
-  return detail::linear_routing_state().on ? LinearRouting::kOn : LinearRouting::kOff;
+  return linear_routing_state().on ? LinearRouting::kOn : LinearRouting::kOff;
 }
+}  // namespace detail
 
 }  // namespace amp

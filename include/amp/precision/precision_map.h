@@ -66,6 +66,7 @@ enum class ModulePrecision : std::uint8_t {
   kNotFloat8,  // a Float8 region's linear stays out of float8 (bf16 autocast)
 };
 
+namespace detail {
 inline const char* to_string(ModulePrecision p) {
   switch (p) {
     case ModulePrecision::kFp32:
@@ -79,8 +80,6 @@ inline const char* to_string(ModulePrecision p) {
   }
   return "?";
 }
-
-namespace detail {
 
 // The resolved map: each mapped parameter (by identity) and its module's precision.
 using PrecisionTable = std::unordered_map<const c10::TensorImpl*, ModulePrecision>;

@@ -60,6 +60,7 @@
 #include "amp/core/rules.h"
 
 namespace amp {
+namespace detail {
 
 // Rule: may code inside a Region<P, ...> call region.cast<D>(t)?
 template <class P, class D>
@@ -68,9 +69,7 @@ inline constexpr bool region_cast_allowed_v = is_dtype_v<D> && (!uses_autocast_v
 // Rule: may code inside a Region<P, ...> call region.autocast<D>(f)? Only a
 // Mixed (or Float8) region to its own compute dtype, where it is a no-op.
 template <class P, class D>
-inline constexpr bool region_autocast_allowed_v = uses_autocast_v<P>&& std::is_same_v<D, detail::policy_compute_t<P>>;
-
-namespace detail {
+inline constexpr bool region_autocast_allowed_v = uses_autocast_v<P>&& std::is_same_v<D, policy_compute_t<P>>;
 
 template <class P, class D>
 constexpr bool check_region_cast() {
@@ -175,7 +174,7 @@ decltype(auto) full_precision_arg(T&& x, c10::DeviceType device) {
 struct RegionOptions {
   // What a raw x.to(torch::kHalf / kBFloat16) in a Mixed region does
   // (amp/precision/strict_casts.h): kThrow, kWarn or kOff.
-  TORCH_ARG(StrictCasts, strict_casts) = kDefaultStrictCasts;
+  TORCH_ARG(StrictCasts, strict_casts) = detail::kDefaultStrictCasts;
   // Whether LibTorch's C++ linear layers cast each weight once per region, as
   // Python's nn.Linear does (amp/precision/linear_routing.h). Mixed policies
   // only; a Float8 region runs its linears through it, so it must stay on.
@@ -232,7 +231,7 @@ class Region {
   static constexpr c10::ScalarType compute_dtype = detail::scalar_type_or_undefined<compute_type>();
   static constexpr c10::ScalarType param_dtype = detail::scalar_type_or_undefined<param_type>();
   static constexpr c10::DeviceType device_type = detail::device_type_or_cpu<Device>();
-  static constexpr bool uses_autocast = uses_autocast_v<Policy>;
+  static constexpr bool uses_autocast = detail::uses_autocast_v<Policy>;
 
   // strict_casts: what a raw manual cast to fp16/bf16 inside a Mixed region
   // does (amp/precision/strict_casts.h); ignored by True<> regions, which do not autocast.
@@ -240,12 +239,13 @@ class Region {
   // per region, as Python's nn.Linear does (amp/precision/linear_routing.h); ignored by
   // True<> regions. A Float8 region runs its linears in float8 through it, so
   // it must stay on (amp/float8/policy.h).
-  explicit Region(StrictCasts strict_casts = kDefaultStrictCasts, LinearRouting linear_routing = LinearRouting::kOn)
+  explicit Region(StrictCasts strict_casts = detail::kDefaultStrictCasts,
+                  LinearRouting linear_routing = LinearRouting::kOn)
       : guard_(/*enabled=*/true, /*cache_enabled=*/std::nullopt, checked_routing(linear_routing)),
         strict_mode_(strict_casts),
         strict_(strict_casts, device_type, compute_dtype),
         routing_mode_(linear_routing) {}
-  explicit Region(LinearRouting linear_routing) : Region(kDefaultStrictCasts, linear_routing) {}
+  explicit Region(LinearRouting linear_routing) : Region(detail::kDefaultStrictCasts, linear_routing) {}
   explicit Region(const RegionOptions& options) : Region(options.strict_casts(), options.linear_routing()) {
     TORCH_CHECK(options.precision_map().empty(),
                 "amp: a Region with a precision map needs the model to resolve it against: Region(options, model)");
@@ -322,7 +322,7 @@ class Region {
       std::conditional_t<std::is_same_v<Policy, True<tf32>> && std::is_same_v<Device, CUDA>, AllowTF32, Inert>;
 
   // A Float8 policy's recipe guard (detail::Float8RegionGuard, amp/float8/policy.h).
-  using float8_type = std::conditional_t<is_float8_v<Policy> && is_supported_v<Policy, Device>,
+  using float8_type = std::conditional_t<detail::is_float8_v<Policy> && is_supported_v<Policy, Device>,
                                          detail::Float8RegionGuard<detail::float8_recipe_t<Policy>>, Inert>;
 
   static PrecisionMap::Resolved resolved(const RegionOptions& options,
@@ -333,7 +333,7 @@ class Region {
   }
 
   static LinearRouting checked_routing(LinearRouting mode) {
-    TORCH_CHECK(!is_float8_v<Policy> || mode == LinearRouting::kOn, "amp: a ", policy_traits<Policy>::name,
+    TORCH_CHECK(!detail::is_float8_v<Policy> || mode == LinearRouting::kOn, "amp: a ", policy_traits<Policy>::name,
                 " region runs its linears in float8 through linear routing; LinearRouting::kOff is not available "
                 "for Float8 policies (leave TrainerOptions::linear_routing on)");
     return mode;

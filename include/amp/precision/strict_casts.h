@@ -54,6 +54,8 @@ enum class StrictCasts : std::uint8_t {
 #ifndef AMP_STRICT_CASTS_DEFAULT
 #define AMP_STRICT_CASTS_DEFAULT kThrow
 #endif
+
+namespace detail {
 inline constexpr StrictCasts kDefaultStrictCasts = StrictCasts::AMP_STRICT_CASTS_DEFAULT;
 
 inline const char* to_string(StrictCasts mode) {
@@ -67,8 +69,6 @@ inline const char* to_string(StrictCasts mode) {
   }
   return "?";
 }
-
-namespace detail {
 
 inline constexpr c10::DispatchKey kStrictCastsKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
@@ -202,9 +202,8 @@ class StrictCastsGuard {
   bool prev_included_;
 };
 
-}  // namespace detail
-
 // Whether strict casts are checking this thread's casts now, and how.
-inline StrictCasts current_strict_casts() { return detail::strict_casts_state().mode; }
+inline StrictCasts current_strict_casts() { return strict_casts_state().mode; }
+}  // namespace detail
 
 }  // namespace amp

@@ -203,7 +203,7 @@ template <class F, std::enable_if_t<!std::is_invocable_v<F&, const at::Tensor&>,
 at::Tensor checkpoint(F&& f, const std::vector<at::Tensor>& inputs, const CheckpointOptions& options = {}) {
   detail::CheckpointFn fn(std::forward<F>(f));
   if (!at::GradMode::is_enabled()) return fn(inputs);
-#if AMP_WITH_CUDA
+#if AMP_DETAIL_WITH_CUDA
   for (const at::Tensor& t : inputs)
     TORCH_CHECK(!(t.defined() && t.is_cuda() && detail::compat::cuda_stream_capturing(t.get_device())),
                 "amp: checkpoint cannot run while a CUDA graph is being captured (its random-state save and restore "

@@ -18,8 +18,8 @@
 // load). While a meter lives, each allocation is entered in a table with its
 // size and the meters alive, and freed through it, on whatever thread.
 //
-// A CUDA meter (amp::ActivationMeter meter(torch::kCUDA), a build with
-// AMP_WITH_CUDA) reads the caching allocator's statistics of the device:
+// A CUDA meter (amp::ActivationMeter meter(torch::kCUDA), built against a
+// CUDA LibTorch) reads the caching allocator's statistics of the device:
 // bytes() is the change of its allocated bytes since the meter began (block
 // sizes, multiples of 512 bytes; frees of older tensors subtract), and the
 // meter resets the device's peak statistics, as
@@ -182,7 +182,7 @@ class ActivationMeter {
       allocator.begin(count_);
       return;
     }
-#if AMP_WITH_CUDA
+#if AMP_DETAIL_WITH_CUDA
     if (device_.is_cuda()) {
       if (!device_.has_index()) device_ = c10::Device(c10::DeviceType::CUDA, c10::cuda::current_device());
       detail::compat::cuda_reset_peak_allocated_bytes(device_.index());
@@ -190,9 +190,9 @@ class ActivationMeter {
       return;
     }
 #endif
-    TORCH_CHECK(false, "amp: ActivationMeter counts CPU memory", AMP_WITH_CUDA ? " and CUDA memory" : "", ", not ",
-                device_, AMP_WITH_CUDA || !device_.is_cuda() ? "" : " (this build has AMP_WITH_CUDA=0)",
-                "; use amp::ActivationMeter(torch::kCPU)", AMP_WITH_CUDA ? " or (torch::kCUDA)" : "");
+    TORCH_CHECK(false, "amp: ActivationMeter counts CPU memory", AMP_DETAIL_WITH_CUDA ? " and CUDA memory" : "", ", not ",
+                device_, AMP_DETAIL_WITH_CUDA || !device_.is_cuda() ? "" : " (this build has no CUDA)",
+                "; use amp::ActivationMeter(torch::kCPU)", AMP_DETAIL_WITH_CUDA ? " or (torch::kCUDA)" : "");
   }
   ~ActivationMeter() {
     if (count_) detail::CountingCpuAllocator::installed().end(count_);
@@ -203,7 +203,7 @@ class ActivationMeter {
   // Bytes allocated since the meter began and still alive.
   int64_t bytes() const {
     if (count_) return count_->live.load(std::memory_order_relaxed);
-#if AMP_WITH_CUDA
+#if AMP_DETAIL_WITH_CUDA
     return detail::compat::cuda_allocated_bytes(device_.index()).current - start_;
 #else
     return 0;
@@ -212,7 +212,7 @@ class ActivationMeter {
   // The largest bytes() has been since the meter began.
   int64_t peak_bytes() const {
     if (count_) return count_->peak.load(std::memory_order_relaxed);
-#if AMP_WITH_CUDA
+#if AMP_DETAIL_WITH_CUDA
     return detail::compat::cuda_allocated_bytes(device_.index()).peak - start_;
 #else
     return 0;

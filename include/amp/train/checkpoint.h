@@ -3,7 +3,7 @@
 //   auto out = amp::detail::checkpoint_archive("bf16-mixed", counters, module, optimizer, scaler);
 //   amp::detail::atomic_write(path, [&](const std::string& tmp) { out.save_to(tmp); });
 //   auto archive = amp::detail::open_checkpoint(path, device, "bf16-mixed"); // checks format and precision
-//   amp::CheckpointCounters c = amp::detail::apply_checkpoint(archive, module, optimizer, scaler);
+//   amp::detail::CheckpointCounters c = amp::detail::apply_checkpoint(archive, module, optimizer, scaler);
 //
 // Layout (a torch::serialize archive): "amp/format" (int), "amp/precision"
 // (the policy's name), "amp/step", "amp/epoch", "amp/batch_in_epoch" (ints),
@@ -36,6 +36,7 @@
 #include "amp/scaler/state_dict.h"
 
 namespace amp {
+namespace detail {
 
 // The counters a checkpoint carries besides model, optimizer and scaler.
 struct CheckpointCounters {
@@ -43,8 +44,6 @@ struct CheckpointCounters {
   int64_t epoch = 0;           // fit()'s current epoch
   int64_t batch_in_epoch = 0;  // batches of that epoch already trained on
 };
-
-namespace detail {
 
 inline constexpr int64_t kCheckpointFormat = 1;
 

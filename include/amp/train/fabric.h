@@ -71,7 +71,7 @@ struct FabricOptions {
 
 template <class Policy, class Device>
 class Fabric {
-  static_assert(require_supported<Policy, Device>());
+  static_assert(detail::check_supported<Policy, Device>());
 
  public:
   using policy = Policy;
@@ -255,7 +255,7 @@ class Fabric {
     for (const auto& m : models_)
       if (m.get() == module.get()) return;
     detail::setup_model<Policy, Device>(*module, "Fabric", "before prec.setup(model)");
-    if constexpr (is_float8_v<Policy>)
+    if constexpr (detail::is_float8_v<Policy>)
       float8::detail::check_device<detail::float8_recipe_t<Policy>>(module->parameters().front().device());
     float8_.track(*module, std::to_string(models_.size()) + ".");  // model i's linears: "<i>.<path>"
     models_.push_back(module);
@@ -298,8 +298,8 @@ class Fabric {
       part->sync_optimizer_state();  // the fused path's device step counters, into optimizer.state()
       optimizers.push_back(&part->optimizer());
     }
-    torch::serialize::OutputArchive archive =
-        detail::checkpoint_archive(precision_name, CheckpointCounters{steps_, 0, 0}, modules, optimizers, scaler_);
+    torch::serialize::OutputArchive archive = detail::checkpoint_archive(
+        precision_name, detail::CheckpointCounters{steps_, 0, 0}, modules, optimizers, scaler_);
     float8_.write(archive);
     detail::write_sync_state(archive, sync_);
     if (options_.rng_state()) detail::write_rng(archive, sync_);

@@ -234,7 +234,7 @@ class Stepper {
   // there is no accumulation.
   template <class Forward>
   StepResult closure_step(Forward&& forward) {
-    static_assert(!uses_loss_scaling_v<Scaler>,
+    static_assert(!detail::uses_loss_scaling_v<Scaler>,
                   "amp: a closure-based optimizer (LBFGS) cannot be used with a loss-scaling scaler; use "
                   "amp::NoScaler (policies amp::Mixed<amp::bf16, amp::NoScaler> or amp::True<...>)");
     at::Tensor last;

@@ -65,7 +65,7 @@ struct StepCapturer {
 
 template <class Policy, class Device>
 class Trainer {
-  static_assert(require_supported<Policy, Device>());
+  static_assert(detail::check_supported<Policy, Device>());
 
  public:
   using policy = Policy;
@@ -138,7 +138,7 @@ class Trainer {
     History history;
     detail::Progress bar(fo.progress().value_or(options_.progress()), fo.max_steps(), precision_name, fo.log_every());
     bar.note(std::string("optimizer path: ") + optimizer_path());
-    if constexpr (is_float8_v<Policy>)
+    if constexpr (detail::is_float8_v<Policy>)
       bar.note(float8::detail::describe(float8::coverage(*module_, precision_table_.get())));
     detail::PendingMetrics pending;
     auto flush = [&] { pending.flush(history, bar); };
@@ -289,7 +289,7 @@ class Trainer {
     return at::full({}, stepper_.scaler().get_scale(), at::kDouble);
   }
 
-  CheckpointCounters counters() const { return CheckpointCounters{steps(), epoch_, batch_in_epoch_}; }
+  detail::CheckpointCounters counters() const { return detail::CheckpointCounters{steps(), epoch_, batch_in_epoch_}; }
 
   // A step loop's progress: fit()'s line, every progress_every optimizer
   // steps. None with a fixed state (Stepper::make_static), whose step may be
@@ -354,7 +354,8 @@ class Trainer {
         epoch_start = epoch_start.to(at::kCPU).contiguous();
       }
     }
-    const CheckpointCounters c = detail::apply_checkpoint(archive, *module_, stepper_.optimizer(), stepper_.scaler());
+    const detail::CheckpointCounters c =
+        detail::apply_checkpoint(archive, *module_, stepper_.optimizer(), stepper_.scaler());
     float8_.read(archive);
     user.apply();
     install_sync();
@@ -374,7 +375,7 @@ class Trainer {
     detail::check_accumulation(opt, options_.step().accumulation_steps());  // before the model changes
     detail::check_device<Policy, Device>("Trainer");
     detail::setup_model<Policy, Device>(*module_, "Trainer", "before constructing the Trainer");
-    if constexpr (is_float8_v<Policy>)
+    if constexpr (detail::is_float8_v<Policy>)
       float8::detail::check_device<detail::float8_recipe_t<Policy>>(parameter_device());
     return opt;
   }

@@ -98,7 +98,7 @@ std::string capture_blocker(const Stepper<Scaler>& stepper) {
   return "";
 }
 
-#if AMP_WITH_CUDA
+#if AMP_DETAIL_WITH_CUDA
 // How CapturedStep records and replays on CUDA: warm-up and capture on a side
 // stream, a CUDA graph with its private memory pool, the default generator's
 // state saved and restored around the warm-up. (CapturedStep's Recorder
@@ -196,7 +196,7 @@ class NoCudaRecorder {
   [[noreturn]] static void fail() {
     TORCH_CHECK(false,
                 "amp: capture() needs a LibTorch built with CUDA (this one has no CUDA graphs) and amp built "
-                "with AMP_WITH_CUDA=1; train with trainer.step(fn)");
+                "with AMP_DETAIL_WITH_CUDA=1; train with trainer.step(fn)");
   }
 };
 using DefaultRecorder = NoCudaRecorder;
