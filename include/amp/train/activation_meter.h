@@ -190,8 +190,8 @@ class ActivationMeter {
       return;
     }
 #endif
-    TORCH_CHECK(false, "amp: ActivationMeter counts CPU memory", AMP_DETAIL_WITH_CUDA ? " and CUDA memory" : "", ", not ",
-                device_, AMP_DETAIL_WITH_CUDA || !device_.is_cuda() ? "" : " (this build has no CUDA)",
+    TORCH_CHECK(false, "amp: ActivationMeter counts CPU memory", AMP_DETAIL_WITH_CUDA ? " and CUDA memory" : "",
+                ", not ", device_, AMP_DETAIL_WITH_CUDA || !device_.is_cuda() ? "" : " (this build has no CUDA)",
                 "; use amp::ActivationMeter(torch::kCPU)", AMP_DETAIL_WITH_CUDA ? " or (torch::kCUDA)" : "");
   }
   ~ActivationMeter() {
