@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
     std::cerr << "usage: selective_checkpoint_parity OUT_DIR\n";
     return 2;
   }
-  if (!amp::libtorch_at_least(2, 4)) {
+  if (!amp::detail::libtorch_at_least(2, 4)) {
     std::cout << "skipped: Python's create_selective_checkpoint_contexts needs torch 2.4 or newer\n";
     return 0;
   }

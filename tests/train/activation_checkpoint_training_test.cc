@@ -181,7 +181,7 @@ Outcome train(bool checkpointed, amp::TrainerOptions options = {}, bool poison =
   Net net = make_net(checkpointed);
   Opt opt(net->parameters(), opt_options);
   auto scaler = [] {
-    if constexpr (amp::uses_loss_scaling_v<typename Policy::scaler_type>)
+    if constexpr (amp::detail::uses_loss_scaling_v<typename Policy::scaler_type>)
       return typename Policy::scaler_type(amp::DynamicScalerOptions().init_scale(1024.0).growth_interval(10));
     else
       return typename Policy::scaler_type();
@@ -196,7 +196,7 @@ Outcome train(bool checkpointed, amp::TrainerOptions options = {}, bool poison =
     });
     o.losses.push_back(r.loss_value());
     o.skipped += r.skipped() ? 1 : 0;
-    if constexpr (amp::uses_loss_scaling_v<typename Policy::scaler_type>)
+    if constexpr (amp::detail::uses_loss_scaling_v<typename Policy::scaler_type>)
       o.scales.push_back(trainer.scaler().get_scale());
   }
   std::ostringstream state;
@@ -219,7 +219,7 @@ TEST(CheckpointTraining, Fp16MixedWithInjectedInfSkipsTheSameSteps) {
     EXPECT_NE(*std::min_element(without.scales.begin(), without.scales.end()),
               *std::max_element(without.scales.begin(), without.scales.end()));
   } else {
-    GTEST_SKIP() << "LibTorch " << amp::kLibTorchMajor << "." << amp::kLibTorchMinor << " has no fp16 autocast on CPU";
+    GTEST_SKIP() << "LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << " has no fp16 autocast on CPU";
   }
 }
 
