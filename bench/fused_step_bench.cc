@@ -78,7 +78,7 @@ struct Setup {
   Setup(torch::nn::Sequential (*make)(), torch::Device device, bool fused)
       : model(seeded(make, device)),
         opt(model->parameters(), torch::optim::AdamOptions(1e-4)),
-        trainer(model, opt, amp::TrainerOptions().progress(false).fused(fused)) {}
+        trainer(model, opt, amp::TrainerOptions().progress(false).step(amp::StepOptions().fused(fused))) {}
   static torch::nn::Sequential seeded(torch::nn::Sequential (*make)(), torch::Device device) {
     torch::manual_seed(0);
     auto m = make();

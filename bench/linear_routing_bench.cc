@@ -60,7 +60,8 @@ struct Recurrent {
   torch::optim::SGD opt{cell->parameters(), torch::optim::SGDOptions(1e-3)};
   amp::Trainer<Bf16, amp::CPU> trainer;
   explicit Recurrent(amp::LinearRouting routing)
-      : trainer(cell, opt, amp::TrainerOptions().progress(false).linear_routing(routing)) {}
+      : trainer(cell, opt, amp::TrainerOptions().progress(false).region(amp::RegionOptions().linear_routing(routing))) {
+  }
   void step(const torch::Tensor& xs) {
     trainer.step([&](auto&) {
       torch::Tensor h = torch::zeros({kBatch, kWidth});

@@ -171,9 +171,13 @@ void BM_StrictCasts(benchmark::State& state) {
   auto on_model = make(), off_model = make();
   torch::optim::AdamW on_opt(on_model->parameters(), torch::optim::AdamWOptions(1e-3));
   torch::optim::AdamW off_opt(off_model->parameters(), torch::optim::AdamWOptions(1e-3));
-  const auto options = amp::TrainerOptions().max_grad_norm(1.0).progress(false);
-  amp::Trainer<P, amp::CPU> on(on_model, on_opt, amp::TrainerOptions(options).strict_casts(amp::StrictCasts::kThrow));
-  amp::Trainer<P, amp::CPU> off(off_model, off_opt, amp::TrainerOptions(options).strict_casts(amp::StrictCasts::kOff));
+  const auto options = amp::TrainerOptions().step(amp::StepOptions().max_grad_norm(1.0)).progress(false);
+  amp::Trainer<P, amp::CPU> on(
+      on_model, on_opt,
+      amp::TrainerOptions(options).region(amp::RegionOptions().strict_casts(amp::StrictCasts::kThrow)));
+  amp::Trainer<P, amp::CPU> off(
+      off_model, off_opt,
+      amp::TrainerOptions(options).region(amp::RegionOptions().strict_casts(amp::StrictCasts::kOff)));
   const auto x = torch::randn({256, 256});
   const auto y = torch::randint(0, 16, {256});
   auto step = [&](amp::Trainer<P, amp::CPU>& t, torch::nn::Sequential& m) {
@@ -218,12 +222,12 @@ void BM_StrictCastsSmallOps(benchmark::State& state) {
   for (auto _ : state) {
     auto t0 = Clock::now();
     {
-      R region(amp::StrictCasts::kThrow);
+      R region(amp::RegionOptions().strict_casts(amp::StrictCasts::kThrow));
       ops();
     }
     auto t1 = Clock::now();
     {
-      R region(amp::StrictCasts::kOff);
+      R region(amp::RegionOptions().strict_casts(amp::StrictCasts::kOff));
       ops();
     }
     auto t2 = Clock::now();

@@ -84,11 +84,11 @@ void train(int64_t iterations) {
   torch::optim::Adam opt_d(disc->parameters(), torch::optim::AdamOptions(2e-3).betas({0.5, 0.999}));
 
   // One policy for both models (and under 16-mixed one GradScaler for both optimizers).
-  amp::Fabric<Policy, amp::CPU> prec;
-  prec.setup(gen, opt_g);
-  prec.setup(disc, opt_d);
-  std::printf("dcgan: %s, generator %s, discriminator %s\n", prec.precision_name, prec.optimizer_path(opt_g).c_str(),
-              prec.optimizer_path(opt_d).c_str());
+  amp::Fabric<Policy, amp::CPU> fabric;
+  fabric.setup(gen, opt_g);
+  fabric.setup(disc, opt_d);
+  std::printf("dcgan: %s, generator %s, discriminator %s\n", fabric.precision_name,
+              fabric.optimizer_path(opt_g).c_str(), fabric.optimizer_path(opt_d).c_str());
 
   const int64_t print_every = std::max<int64_t>(1, iterations / 6);
   for (int64_t it = 1; it <= iterations; ++it) {
@@ -96,31 +96,31 @@ void train(int64_t iterations) {
     const auto z = torch::randn({kBatch, kNoise});
     // The discriminator: real images -> 1, generated ones -> 0.
     opt_d.zero_grad();
-    const auto loss_d = prec.forward([&](auto&) { return bce(disc(real), 1.0) + bce(disc(gen(z).detach()), 0.0); });
-    prec.backward(loss_d);
-    prec.step(opt_d);
+    const auto loss_d = fabric.forward([&](auto&) { return bce(disc(real), 1.0) + bce(disc(gen(z).detach()), 0.0); });
+    fabric.backward(loss_d);
+    fabric.optimizer_step(opt_d);
     // The generator: make the discriminator say 1.
     opt_g.zero_grad();
-    const auto loss_g = prec.forward([&](auto&) { return bce(disc(gen(z)), 1.0); });
-    prec.backward(loss_g);
-    prec.step(opt_g);
-    prec.update();  // under 16-mixed: the scale backs off at most once per iteration
+    const auto loss_g = fabric.forward([&](auto&) { return bce(disc(gen(z)), 1.0); });
+    fabric.backward(loss_g);
+    fabric.optimizer_step(opt_g);
+    fabric.update();  // under 16-mixed: the scale backs off at most once per iteration
     if (it % print_every == 0)
       std::printf("iteration %3lld  loss_d %.4f  loss_g %.4f\n", static_cast<long long>(it), mean_of(loss_d),
                   mean_of(loss_g));
   }
 
   // Evaluation: BatchNorm on its running statistics, no autograd, bf16 autocast.
-  const torch::Tensor fake = prec.evaluate([&](auto&) { return gen(torch::randn({256, kNoise})).to(torch::kFloat); });
+  const torch::Tensor fake = fabric.evaluate([&](auto&) { return gen(torch::randn({256, kNoise})).to(torch::kFloat); });
   const auto real = squares(256);
   std::printf("generated: mean pixel %.3f (real %.3f), bright pixels %.1f%% (real %.1f%%)\n", mean_of(fake),
               mean_of(real), 100 * mean_of(fake > 0), 100 * mean_of(real > 0));
 
-  prec.save("dcgan.pt");  // both models, both optimizers, the scaler, the iteration count; atomic
-  prec.load("dcgan.pt");
-  std::printf("checkpoint dcgan.pt: %lld iterations\n", static_cast<long long>(prec.iterations()));
+  fabric.save("dcgan.pt");  // both models, both optimizers, the scaler, the iteration count; atomic
+  fabric.load("dcgan.pt");
+  std::printf("checkpoint dcgan.pt: %lld iterations\n", static_cast<long long>(fabric.steps()));
   if constexpr (amp::policy_traits<Policy>::uses_loss_scaling)
-    std::printf("loss scale %g\n", prec.scaler().get_scale());
+    std::printf("loss scale %g\n", fabric.scaler().get_scale());
 }
 
 // Trains under Policy where this LibTorch's CPU supports it.

@@ -177,7 +177,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& cfg, Mlp& 
 #endif
   throw std::invalid_argument("amp: --optimizer=" + cfg.optimizer + " is not available in this build");
 }
-amp::TrainerOptions trainer_options() { return amp::TrainerOptions().max_grad_norm(1.0); }
+amp::TrainerOptions trainer_options() { return amp::TrainerOptions().step(amp::StepOptions().max_grad_norm(1.0)); }
 torch::Tensor loss_of(Mlp& model, const Batch& batch) {
   return torch::cross_entropy_loss(model(batch.first), batch.second);
 }

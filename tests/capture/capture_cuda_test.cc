@@ -152,8 +152,8 @@ TEST(CaptureCuda, AdamFp16MixedEqualsEagerFusedOver200StepsWithInf) {
 
 TEST(CaptureCuda, SgdMomentumWithClippingEqualsEagerFused) {
   SKIP_WITHOUT_CUDA();
-  replays_equal_eager_steps<amp::Mixed<amp::fp16, amp::DynamicScaler>>(Opt::kSgd,
-                                                                       amp::TrainerOptions().max_grad_norm(1.0));
+  replays_equal_eager_steps<amp::Mixed<amp::fp16, amp::DynamicScaler>>(
+      Opt::kSgd, amp::TrainerOptions().step(amp::StepOptions().max_grad_norm(1.0)));
 }
 
 TEST(CaptureCuda, AdamWBf16MixedEqualsEagerFused) {
@@ -225,11 +225,12 @@ TEST(CaptureCuda, AnOptionChangeIsAnErrorUntilRecapture) {
 
 TEST(CaptureCuda, UnsupportedConfigurationsSayWhy) {
   SKIP_WITHOUT_CUDA();
-  Training<amp::Mixed<amp::fp16, amp::DynamicScaler>> unfused(Opt::kAdam, amp::TrainerOptions().fused(false));
+  Training<amp::Mixed<amp::fp16, amp::DynamicScaler>> unfused(
+      Opt::kAdam, amp::TrainerOptions().step(amp::StepOptions().fused(false)));
   EXPECT_THAT(error_of([&] { unfused.trainer.capture(unfused.fn(), batch_at(0)); }),
               HasSubstr("amp: capture() needs the fused, sync-free optimizer step"));
-  Training<amp::Mixed<amp::fp16, amp::DynamicScaler>> accumulating(Opt::kAdam,
-                                                                   amp::TrainerOptions().accumulation_steps(2));
+  Training<amp::Mixed<amp::fp16, amp::DynamicScaler>> accumulating(
+      Opt::kAdam, amp::TrainerOptions().step(amp::StepOptions().accumulation_steps(2)));
   EXPECT_THAT(error_of([&] { accumulating.trainer.capture(accumulating.fn(), batch_at(0)); }),
               HasSubstr("accumulation_steps is 2"));
 }

@@ -144,7 +144,7 @@ TEST(CaptureBlocker, SaysWhatToChange) {
   amp::Stepper<amp::DynamicScaler> unfused(adam, amp::StepOptions().fused(false));
   EXPECT_THAT(amp::detail::capture_blocker(unfused),
               AllOf(HasSubstr("fused, sync-free optimizer step"), HasSubstr("unfused"),
-                    HasSubstr("TrainerOptions().fused(true)")));
+                    HasSubstr("TrainerOptions().step(StepOptions().fused(true))")));
   torch::optim::RMSprop rmsprop(net->parameters(), torch::optim::RMSpropOptions(1e-3));
   amp::Stepper<amp::NoScaler> other(rmsprop);
   EXPECT_THAT(amp::detail::capture_blocker(other), HasSubstr("use torch::optim::Adam, AdamW or SGD"));
@@ -488,7 +488,7 @@ TEST_F(CapturedStepEmulated, ReplaysEqualEagerFusedStepsBf16Adam) {
   replays_equal_eager<amp::Mixed<amp::bf16, amp::NoScaler>>(Opt::kAdam);
 }
 TEST_F(CapturedStepEmulated, ReplaysEqualEagerFusedStepsFp16SgdWithInfAndClipping) {
-  replays_equal_eager<Scaled16>(Opt::kSgdDampened, amp::TrainerOptions().max_grad_norm(0.5));
+  replays_equal_eager<Scaled16>(Opt::kSgdDampened, amp::TrainerOptions().step(amp::StepOptions().max_grad_norm(0.5)));
 }
 TEST_F(CapturedStepEmulated, ReplaysEqualEagerFusedStepsFp16AdamWWithInf) {
   replays_equal_eager<Scaled16>(Opt::kAdamW);
@@ -498,7 +498,7 @@ TEST_F(CapturedStepEmulated, ReplaysEqualEagerFusedStepsTrueFp32Sgd) {
 }
 // A low-bit optimizer's own step_scaled() (FusedKind::kOptimizer), skips and clipping included.
 TEST_F(CapturedStepEmulated, ReplaysEqualEagerLowBitStepsFp16AdamW8bitWithInfAndClipping) {
-  replays_equal_eager<Scaled16>(Opt::kAdamW8bit, amp::TrainerOptions().max_grad_norm(0.5));
+  replays_equal_eager<Scaled16>(Opt::kAdamW8bit, amp::TrainerOptions().step(amp::StepOptions().max_grad_norm(0.5)));
 }
 
 TEST_F(CapturedStepEmulated, AnotherShapeOrAnOptionChangeIsAnErrorUntilRecapture) {
@@ -523,10 +523,10 @@ TEST_F(CapturedStepEmulated, AnotherShapeOrAnOptionChangeIsAnErrorUntilRecapture
 
 TEST_F(CapturedStepEmulated, UnsupportedConfigurationsSayWhy) {
   using P = amp::Mixed<amp::bf16, amp::NoScaler>;
-  Training<P> unfused(Opt::kAdam, amp::TrainerOptions().fused(false));
+  Training<P> unfused(Opt::kAdam, amp::TrainerOptions().step(amp::StepOptions().fused(false)));
   EXPECT_THAT(error_of([&] { unfused.capture(batch_at(0)); }),
               HasSubstr("amp: capture() needs the fused, sync-free optimizer step"));
-  Training<P> accumulating(Opt::kAdam, amp::TrainerOptions().accumulation_steps(2));
+  Training<P> accumulating(Opt::kAdam, amp::TrainerOptions().step(amp::StepOptions().accumulation_steps(2)));
   EXPECT_THAT(error_of([&] { accumulating.capture(batch_at(0)); }), HasSubstr("amp: capture() records one whole"));
   EXPECT_EQ(accumulating.trainer.steps(), 0);
 }

@@ -12,10 +12,10 @@ struct Net : torch::nn::Module {
 using P = amp::Fabric<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
 
 // The passing twin: the same model, not const.
-void passing(P& prec, Net& model) { prec.setup(model); }
+void passing(P& fabric, Net& model) { fabric.setup(model); }
 
 #ifdef AMP_SHOULD_FAIL
-void failing(P& prec, const Net& model) { prec.setup(model); }
+void failing(P& fabric, const Net& model) { fabric.setup(model); }
 #endif
 
 int main() { return 0; }

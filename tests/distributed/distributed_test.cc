@@ -263,41 +263,41 @@ void precision_two_models() {
     else
       return amp::NoScaler();
   }();
-  amp::Fabric<Policy, amp::CPU> prec(amp::FabricOptions(), std::move(scaler));
-  prec.setup(gen, opt_g);
-  prec.setup(disc, opt_d);
-  amp::DataParallel dp(pg, prec.parameters(), prec.buffers(), amp::DataParallelOptions(), prec.parameter_names());
-  prec.set_gradient_sync(&dp);
+  amp::Fabric<Policy, amp::CPU> fabric(amp::FabricOptions(), std::move(scaler));
+  fabric.setup(gen, opt_g);
+  fabric.setup(disc, opt_d);
+  amp::DataParallel dp(pg, fabric.parameters(), fabric.buffers(), amp::DataParallelOptions(), fabric.parameter_names());
+  fabric.set_gradient_sync(&dp);
   double scale_before = 0;
   for (int64_t s = 0; s < 6; ++s) {
     auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
     const bool poison = scaled && s == 3 && pg.rank() == pg.world_size() - 1;
     const auto d0 = disc->parameters().front().detach().clone(), g0 = gen->parameters().front().detach().clone();
-    if (s == 3) scale_before = prec.scaler().get_scale();
+    if (s == 3) scale_before = fabric.scaler().get_scale();
     opt_d.zero_grad();
     // D fits G's (detached) output; G fits y and D's (detached) output.
-    auto loss_d = prec.forward([&](auto&) { return (disc->forward(x) - gen->forward(x).detach()).pow(2).mean(); });
-    prec.backward(poison ? loss_d * std::numeric_limits<float>::infinity() : loss_d);
-    prec.step(opt_d);
+    auto loss_d = fabric.forward([&](auto&) { return (disc->forward(x) - gen->forward(x).detach()).pow(2).mean(); });
+    fabric.backward(poison ? loss_d * std::numeric_limits<float>::infinity() : loss_d);
+    fabric.optimizer_step(opt_d);
     opt_g.zero_grad();
-    prec.backward(prec.forward([&](auto&) {
+    fabric.backward(fabric.forward([&](auto&) {
       const auto g = gen->forward(x);
       return (g - y).pow(2).mean() + (g - disc->forward(x).detach()).pow(2).mean();
     }));
-    prec.step(opt_g);
-    prec.update();
+    fabric.optimizer_step(opt_g);
+    fabric.update();
     if (scaled && s == 3) {
       check(torch::equal(d0, disc->parameters().front()), "D stepped despite the inf on the last rank");
       check(!torch::equal(g0, gen->parameters().front()), "G did not step");
-      check(prec.scaler().get_scale() == scale_before * 0.5, "the scale did not back off once");
+      check(fabric.scaler().get_scale() == scale_before * 0.5, "the scale did not back off once");
     }
   }
   std::vector<torch::Tensor> bits;
-  for (const auto& p : prec.parameters()) bits.push_back(p.detach().reshape({-1}));
-  bits.push_back(torch::full({1}, prec.scaler().get_scale(), torch::kFloat));
+  for (const auto& p : fabric.parameters()) bits.push_back(p.detach().reshape({-1}));
+  bits.push_back(torch::full({1}, fabric.scaler().get_scale(), torch::kFloat));
   auto all = pg.allgather(torch::cat(bits), "test gather");
   for (size_t r = 1; r < all.size(); ++r) check(torch::equal(all[0], all[r]), "ranks differ");
-  std::cout << "PASS " << test_case::name << " " << prec.precision_name << (scaled ? " with an inf on one rank" : "")
+  std::cout << "PASS " << test_case::name << " " << fabric.precision_name << (scaled ? " with an inf on one rank" : "")
             << std::endl;
 }
 
@@ -317,7 +317,7 @@ void accumulate() {
   auto net = make_net(65536);
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
   amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(
-      net, opt, amp::TrainerOptions().progress(false).accumulation_steps(3));
+      net, opt, amp::TrainerOptions().progress(false).step(amp::StepOptions().accumulation_steps(3)));
   amp::DataParallel dp(pg, trainer, amp::DataParallelOptions().bucket_cap_mb(1.0 / 1024));  // 1 KiB buckets
   check(dp.buckets() == 1, "the first step's layout (DDP's): 1 bucket, got " + std::to_string(dp.buckets()));
   std::string per_step;

@@ -166,30 +166,30 @@ std::vector<torch::Tensor> train_gan(const amp::ProcessGroup* pg, int64_t iterat
   auto disc = torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
   torch::optim::Adam opt_g(gen->parameters(), torch::optim::AdamOptions(1e-2));
   torch::optim::SGD opt_d(disc->parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9));
-  amp::Fabric<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> prec;
-  prec.setup(gen, opt_g);
-  prec.setup(disc, opt_d, amp::StepOptions().max_grad_norm(1.0));
+  amp::Fabric<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> fabric;
+  fabric.setup(gen, opt_g);
+  fabric.setup(disc, opt_d, amp::StepOptions().max_grad_norm(1.0));
   std::optional<amp::DataParallel> dp;
   if (pg != nullptr) {
-    dp.emplace(*pg, prec.parameters(), prec.buffers(), amp::DataParallelOptions(), prec.parameter_names());
-    prec.set_gradient_sync(&*dp);
+    dp.emplace(*pg, fabric.parameters(), fabric.buffers(), amp::DataParallelOptions(), fabric.parameter_names());
+    fabric.set_gradient_sync(&*dp);
   }
   for (int64_t i = 0; i < iterations; ++i) {
     torch::manual_seed(100 + static_cast<uint64_t>(i));
     const auto z = torch::randn({32, 8}), real = torch::randn({32, 4}) + 1;
     opt_d.zero_grad();
-    prec.backward(prec.forward([&](auto&) {
+    fabric.backward(fabric.forward([&](auto&) {
       return torch::softplus(-disc->forward(real)).mean() +
              torch::softplus(disc->forward(gen->forward(z).detach())).mean();
     }));
-    prec.step(opt_d);
+    fabric.optimizer_step(opt_d);
     opt_g.zero_grad();
-    prec.backward(prec.forward([&](auto&) { return torch::softplus(-disc->forward(gen->forward(z))).mean(); }));
-    prec.step(opt_g);
-    prec.update();
+    fabric.backward(fabric.forward([&](auto&) { return torch::softplus(-disc->forward(gen->forward(z))).mean(); }));
+    fabric.optimizer_step(opt_g);
+    fabric.update();
   }
   if (dp) *allreduces = dp->allreduces();
-  return prec.parameters();
+  return fabric.parameters();
 }
 
 TEST(WorldOfOne, CpuPrecisionOfTwoModelsEqualsPlainPrecisionBitwise) {
@@ -317,12 +317,12 @@ TEST(WorldOfOne, CheckpointCarriesTheRebuiltLayout) {
   EXPECT_EQ(b.dp->bucket_layout(), rebuilt);
 
   // Fabric's checkpoints carry it too.
-  auto fabric_rig = [&](amp::Fabric<amp::True<amp::fp32>, amp::CPU>& prec, torch::nn::Sequential net,
+  auto fabric_rig = [&](amp::Fabric<amp::True<amp::fp32>, amp::CPU>& fabric, torch::nn::Sequential net,
                         torch::optim::SGD& opt) {
-    prec.setup(net, opt);
-    auto dp = std::make_unique<amp::DataParallel>(pg, prec.parameters(), prec.buffers(), amp::DataParallelOptions(),
-                                                  prec.parameter_names());
-    prec.set_gradient_sync(dp.get());
+    fabric.setup(net, opt);
+    auto dp = std::make_unique<amp::DataParallel>(pg, fabric.parameters(), fabric.buffers(), amp::DataParallelOptions(),
+                                                  fabric.parameter_names());
+    fabric.set_gradient_sync(dp.get());
     return dp;
   };
   torch::nn::Sequential net_c(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
@@ -331,7 +331,7 @@ TEST(WorldOfOne, CheckpointCarriesTheRebuiltLayout) {
   auto dp_c = fabric_rig(c, net_c, opt_c);
   const torch::Tensor x = torch::randn({8, 16});
   c.backward(c.forward([&](auto&) { return net_c->forward(x).pow(2).mean(); }));
-  c.step(opt_c);
+  c.optimizer_step(opt_c);
   c.update();
   ASSERT_EQ(dp_c->bucket_layout(), rebuilt);
   const std::string path = amp_test::tmp_path("fabric_layout.pt");

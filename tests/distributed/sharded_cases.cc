@@ -167,20 +167,22 @@ void precision() {
       og = std::make_unique<torch::optim::AdamW>(gen->parameters(), torch::optim::AdamWOptions(1e-2));
       od = std::make_unique<torch::optim::SGD>(disc->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     }
-    amp::Fabric<P, amp::CPU> prec;
-    prec.setup(gen, *og);
-    prec.setup(disc, *od);
-    amp::DataParallel dp(pg, prec.parameters(), prec.buffers(), amp::DataParallelOptions(), prec.parameter_names());
-    prec.set_gradient_sync(&dp);
+    amp::Fabric<P, amp::CPU> fabric;
+    fabric.setup(gen, *og);
+    fabric.setup(disc, *od);
+    amp::DataParallel dp(pg, fabric.parameters(), fabric.buffers(), amp::DataParallelOptions(),
+                         fabric.parameter_names());
+    fabric.set_gradient_sync(&dp);
     for (int64_t s = 0; s < 6; ++s) {
       auto [x, y] = batch(s, pg.rank(), pg.world_size());
       od->zero_grad();
-      prec.backward(prec.forward([&](auto&) { return (disc->forward(x) - gen->forward(x).detach()).pow(2).mean(); }));
-      prec.step(*od);
+      fabric.backward(
+          fabric.forward([&](auto&) { return (disc->forward(x) - gen->forward(x).detach()).pow(2).mean(); }));
+      fabric.optimizer_step(*od);
       og->zero_grad();
-      prec.backward(prec.forward([&](auto&) { return (gen->forward(x) - y).pow(2).mean(); }));
-      prec.step(*og);
-      prec.update();
+      fabric.backward(fabric.forward([&](auto&) { return (gen->forward(x) - y).pow(2).mean(); }));
+      fabric.optimizer_step(*og);
+      fabric.update();
     }
     return torch::cat({param_bits(*gen), param_bits(*disc)});
   };

@@ -73,7 +73,8 @@ TEST(Float8Policy, TensorwiseTrainerIsTheRecipeByHand) {
   Mlp a = make_net(), b = make_net();
   torch::optim::Adam opt_a(a->parameters(), torch::optim::AdamOptions(1e-3));
   torch::optim::Adam opt_b(b->parameters(), torch::optim::AdamOptions(1e-3));
-  amp::Trainer<Tensorwise, amp::CPU> trainer(a, opt_a, amp::TrainerOptions().progress(false).fused(false));
+  amp::Trainer<Tensorwise, amp::CPU> trainer(
+      a, opt_a, amp::TrainerOptions().progress(false).step(amp::StepOptions().fused(false)));
   for (int64_t i = 0; i < 5; ++i) {
     const Batch data = batch(i);
     const double got = trainer.step([&](auto&) { return loss_of(a, data); }).loss_value();
@@ -95,7 +96,8 @@ TEST(Float8Policy, DelayedTrainerIsTheRecipeByHandStateIncluded) {
   Mlp a = make_net(), b = make_net();
   torch::optim::SGD opt_a(a->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::SGD opt_b(b->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  amp::Trainer<Delayed4, amp::CPU> trainer(a, opt_a, amp::TrainerOptions().progress(false).fused(false));
+  amp::Trainer<Delayed4, amp::CPU> trainer(a, opt_a,
+                                           amp::TrainerOptions().progress(false).step(amp::StepOptions().fused(false)));
   f8::DelayedScaling fp8(f8::DelayedOptions().history_length(4).margin(1));
   EXPECT_EQ(fp8.track(*b), 2);
   for (int64_t i = 0; i < 6; ++i) {
@@ -184,29 +186,29 @@ TEST(Float8Policy, PrecisionTracksEveryModelUnderItsIndex) {
   Mlp g = make_net(), d = make_net();
   torch::optim::Adam opt_g(g->parameters(), torch::optim::AdamOptions(1e-3));
   torch::optim::Adam opt_d(d->parameters(), torch::optim::AdamOptions(1e-3));
-  amp::Fabric<Delayed4, amp::CPU> prec;
-  prec.setup(g, opt_g);
-  prec.setup(d, opt_d);
+  amp::Fabric<Delayed4, amp::CPU> fabric;
+  fabric.setup(g, opt_g);
+  fabric.setup(d, opt_d);
   for (int64_t i = 0; i < 3; ++i) {
     const Batch data = batch(i);
-    const at::Tensor loss = prec.forward([&](auto&) { return loss_of(g, data) + loss_of(d, data); });
-    prec.backward(loss);
-    prec.step(opt_g);
-    prec.step(opt_d);
-    prec.update();
+    const at::Tensor loss = fabric.forward([&](auto&) { return loss_of(g, data) + loss_of(d, data); });
+    fabric.backward(loss);
+    fabric.optimizer_step(opt_g);
+    fabric.optimizer_step(opt_d);
+    fabric.update();
   }
   const std::string path = tmp_path("float8_precision.pt");
-  prec.save(path);
+  fabric.save(path);
   Mlp g2 = make_net(), d2 = make_net();
   torch::optim::Adam opt_g2(g2->parameters(), torch::optim::AdamOptions(1e-3));
   torch::optim::Adam opt_d2(d2->parameters(), torch::optim::AdamOptions(1e-3));
-  amp::Fabric<Delayed4, amp::CPU> prec2;
-  prec2.setup(g2, opt_g2);
-  prec2.setup(d2, opt_d2);
-  prec2.load(path);
+  amp::Fabric<Delayed4, amp::CPU> fabric2;
+  fabric2.setup(g2, opt_g2);
+  fabric2.setup(d2, opt_d2);
+  fabric2.load(path);
   const Batch data = batch(3);
-  const double l1 = prec.forward([&](auto&) { return loss_of(g, data) + loss_of(d, data); }).item<double>();
-  const double l2 = prec2.forward([&](auto&) { return loss_of(g2, data) + loss_of(d2, data); }).item<double>();
+  const double l1 = fabric.forward([&](auto&) { return loss_of(g, data) + loss_of(d, data); }).item<double>();
+  const double l2 = fabric2.forward([&](auto&) { return loss_of(g2, data) + loss_of(d2, data); }).item<double>();
   EXPECT_EQ(l1, l2);
 }
 
@@ -252,7 +254,7 @@ TEST(Float8Policy, ABiasAfterA3dInputIsAddedAsFloat8LinearAddsIt) {
     routed = fc(x);
   }
   {
-    amp::Region<Bf16, amp::CPU> region(amp::LinearRouting::kOff);
+    amp::Region<Bf16, amp::CPU> region(amp::RegionOptions().linear_routing(amp::LinearRouting::kOff));
     direct = f8::linear(x, fc->weight, fc->bias);
   }
   EXPECT_TRUE(torch::equal(routed, direct));
@@ -278,7 +280,8 @@ TEST(Float8Policy, ADelayedRegionWithoutItsStateIsAnError) {
 }
 
 TEST(Float8Policy, RoutingCannotBeTurnedOff) {
-  const std::string error = error_of([] { amp::Region<Tensorwise, amp::CPU> region(amp::LinearRouting::kOff); });
+  const std::string error = error_of(
+      [] { amp::Region<Tensorwise, amp::CPU> region(amp::RegionOptions().linear_routing(amp::LinearRouting::kOff)); });
   EXPECT_NE(error.find("amp: a fp8-tensorwise region runs its linears in float8 through linear routing"),
             std::string::npos)
       << error;

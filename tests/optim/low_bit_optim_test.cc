@@ -473,33 +473,33 @@ TEST(LowBitAdam, PrecisionOfTwoModelsStepsAndResumesBitwise) {
     std::shared_ptr<Net> a = make_net(1), b = make_net(2);
     amp::AdamW8bit opt_a{a->parameters(), torch::optim::AdamWOptions(1e-2)};
     amp::AdamW4bit opt_b{b->parameters(), torch::optim::AdamWOptions(1e-2)};
-    P prec;
+    P fabric;
     Run() {
-      prec.setup(a, opt_a);
-      prec.setup(b, opt_b, amp::StepOptions().max_grad_norm(1.0));
+      fabric.setup(a, opt_a);
+      fabric.setup(b, opt_b, amp::StepOptions().max_grad_norm(1.0));
     }
     void iteration(int i) {
       torch::manual_seed(300 + i);
       const auto x = torch::randn({16, 64}), y = torch::randn({16, 64});
       opt_a.zero_grad();
-      prec.backward(prec.forward([&](auto&) { return torch::mse_loss(a->forward(x).to(torch::kFloat), y); }));
-      prec.step(opt_a);
+      fabric.backward(fabric.forward([&](auto&) { return torch::mse_loss(a->forward(x).to(torch::kFloat), y); }));
+      fabric.optimizer_step(opt_a);
       opt_b.zero_grad();
-      prec.backward(prec.forward([&](auto&) { return torch::mse_loss(b->forward(x).to(torch::kFloat), y); }));
-      prec.step(opt_b);
-      prec.update();
+      fabric.backward(fabric.forward([&](auto&) { return torch::mse_loss(b->forward(x).to(torch::kFloat), y); }));
+      fabric.optimizer_step(opt_b);
+      fabric.update();
     }
   };
   Run first;
-  EXPECT_EQ(first.prec.optimizer_path(first.opt_a),
+  EXPECT_EQ(first.fabric.optimizer_path(first.opt_a),
             "sync-free (AdamW8bit's fused CPU step, one pass per block, no host sync)");
-  EXPECT_EQ(first.prec.optimizer_path(first.opt_b),
+  EXPECT_EQ(first.fabric.optimizer_path(first.opt_b),
             "sync-free (AdamW4bit's fused CPU step, one pass per block, no host sync)");
   for (int i = 0; i < 3; ++i) first.iteration(i);
-  first.prec.save(path);
+  first.fabric.save(path);
   for (int i = 3; i < 6; ++i) first.iteration(i);
   Run second;
-  second.prec.load(path);
+  second.fabric.load(path);
   for (int i = 3; i < 6; ++i) second.iteration(i);
   for (size_t i = 0; i < first.a->parameters().size(); ++i) {
     EXPECT_TRUE(bitwise_equal(first.a->parameters()[i], second.a->parameters()[i])) << "a " << i;
@@ -521,8 +521,8 @@ TEST(LowBitAdam, AccumulationEqualsTheHandWrittenLoop) {
   };
   auto a = make_net();
   amp::AdamW8bit opt_a(a->parameters(), torch::optim::AdamWOptions(1e-2));
-  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(a, opt_a,
-                                                       amp::TrainerOptions().progress(false).accumulation_steps(2));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(
+      a, opt_a, amp::TrainerOptions().progress(false).step(amp::StepOptions().accumulation_steps(2)));
   auto b = make_net();
   amp::AdamW8bit opt_b(b->parameters(), torch::optim::AdamWOptions(1e-2));
   for (int i = 0; i < 8; ++i) {

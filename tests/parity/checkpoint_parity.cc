@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   init(*model);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(
-      model, opt, amp::TrainerOptions().progress(false).fused(false));
+      model, opt, amp::TrainerOptions().progress(false).step(amp::StepOptions().fused(false)));
   torch::manual_seed(2);  // dropout's masks
   std::ofstream steps(out + "/cpp_steps.txt");
   const std::string name = "checkpoint-bf16-mixed";

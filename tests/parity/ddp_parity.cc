@@ -123,7 +123,8 @@ void run(Out& out, const amp::ProcessGroup& pg, const Data& data, const std::str
          double bucket_cap_mb = 25.0) {
   auto model = std::make_shared<Mlp>();
   Opt opt(model->parameters(), opt_options);
-  amp::Trainer<Policy, amp::CPU> trainer(model, opt, amp::TrainerOptions().progress(false).fused(fused),
+  amp::Trainer<Policy, amp::CPU> trainer(model, opt,
+                                         amp::TrainerOptions().progress(false).step(amp::StepOptions().fused(fused)),
                                          make_scaler<typename Policy::scaler_type>());
   if (trainer.fused() != fused)  // the twin runs fused=True or foreach=False to match
     throw std::runtime_error("amp: ddp_parity: " + name + " takes " + trainer.optimizer_path() + ", not the " +

@@ -154,8 +154,11 @@ void run_block(std::ofstream& steps, const std::string& out, const std::string& 
   const auto x = torch::randn({kSteps, 5, 8, 64});
   const auto y = torch::randint(0, 10, {kSteps, 5}, torch::kLong);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  amp::Trainer<Policy, amp::CPU> trainer(
-      model, opt, amp::TrainerOptions().progress(false).fused(false).region(amp::RegionOptions().precision_map(map)));
+  amp::Trainer<Policy, amp::CPU> trainer(model, opt,
+                                         amp::TrainerOptions()
+                                             .progress(false)
+                                             .step(amp::StepOptions().fused(false))
+                                             .region(amp::RegionOptions().precision_map(map)));
   for (int i = 0; i < kSteps; ++i) {
     const amp::StepResult r =
         trainer.step([&](auto&) { return torch::nn::functional::cross_entropy(model->forward(x[i]), y[i]); });

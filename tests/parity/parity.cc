@@ -6,7 +6,7 @@
 // writes per-step losses and loss scales (as float bits) plus the final
 // parameters (torch::pickle_save) for parity_twin.py, which runs the same
 // steps with Python's torch.amp and compares bit for bit.
-// On every LibTorch, the optimizer's own step() (TrainerOptions().fused(false)):
+// On every LibTorch, the optimizer's own step() (TrainerOptions().step(StepOptions().fused(false))):
 //   trainer-bf16-mixed-sgd-clip-unfused  Trainer<Mixed<bf16, NoScaler>> + SGD (momentum, nesterov, weight
 //                           decay), max_grad_norm 1, vs autocast + clip_grad_norm_ + SGD(foreach=False)
 //   trainer-64-true-sgd-unfused  Trainer<True<fp64>> + SGD (momentum) vs model.to(float64) + SGD(foreach=False)
@@ -254,27 +254,27 @@ void precision_run(Log& log, torch::Device device, const std::string& name, cons
   const auto real = (torch::randn({kSteps, 64, 32}) * 0.5 + 1.0).to(device);
   OptG opt_g(gen->parameters(), og);
   OptD opt_d(disc->parameters(), od);
-  amp::Fabric<Policy, Dev> prec(amp::FabricOptions(), std::forward<Scaler>(scaler)...);
-  prec.setup(gen, opt_g, amp::StepOptions().max_grad_norm(1.0).fused(fused));
-  prec.setup(disc, opt_d, amp::StepOptions().fused(fused));
-  if (prec.fused(opt_g) != fused || prec.fused(opt_d) != fused)
-    throw std::runtime_error("amp: parity: " + name + " takes " + prec.optimizer_path(opt_g) + " and " +
-                             prec.optimizer_path(opt_d) + ", not the path its Python twin runs");
+  amp::Fabric<Policy, Dev> fabric(amp::FabricOptions(), std::forward<Scaler>(scaler)...);
+  fabric.setup(gen, opt_g, amp::StepOptions().max_grad_norm(1.0).fused(fused));
+  fabric.setup(disc, opt_d, amp::StepOptions().fused(fused));
+  if (fabric.fused(opt_g) != fused || fabric.fused(opt_d) != fused)
+    throw std::runtime_error("amp: parity: " + name + " takes " + fabric.optimizer_path(opt_g) + " and " +
+                             fabric.optimizer_path(opt_d) + ", not the path its Python twin runs");
   auto bce = [](const torch::Tensor& logits, double target) {
     return torch::binary_cross_entropy_with_logits(logits, torch::full_like(logits, target));
   };
   for (int i = 0; i < kSteps; ++i) {
     opt_d.zero_grad();
-    const auto loss_d = prec.forward(
+    const auto loss_d = fabric.forward(
         [&](auto&) { return bce(disc->forward(real[i]), 1.0) + bce(disc->forward(gen->forward(z[i]).detach()), 0.0); });
-    prec.backward(poison && d_poison(i) != 1.0 ? loss_d * d_poison(i) : loss_d);
-    prec.step(opt_d);
+    fabric.backward(poison && d_poison(i) != 1.0 ? loss_d * d_poison(i) : loss_d);
+    fabric.optimizer_step(opt_d);
     opt_g.zero_grad();
-    const auto loss_g = prec.forward([&](auto&) { return bce(disc->forward(gen->forward(z[i])), 1.0); });
-    prec.backward(poison && g_poison(i) != 1.0 ? loss_g * g_poison(i) : loss_g);
-    prec.step(opt_g);
-    prec.update();
-    const double scale = prec.scaler().get_scale();
+    const auto loss_g = fabric.forward([&](auto&) { return bce(disc->forward(gen->forward(z[i])), 1.0); });
+    fabric.backward(poison && g_poison(i) != 1.0 ? loss_g * g_poison(i) : loss_g);
+    fabric.optimizer_step(opt_g);
+    fabric.update();
+    const double scale = fabric.scaler().get_scale();
     log.step(2 * i, loss_d, scale);
     log.step(2 * i + 1, loss_g, scale);
   }
@@ -292,9 +292,9 @@ void fused_runs(Log& log, const Data& data) {
   trainer_run<Fp16, Dev, Adam>(log, data, "trainer-16-mixed", AdamOptions(1e-3), amp::TrainerOptions(),
                                amp::DynamicScaler(scaler_options()));
   trainer_run<Bf16, Dev, Adam>(log, data, "trainer-bf16-mixed", AdamOptions(1e-3), amp::TrainerOptions());
-  trainer_run<Fp16, Dev, AdamW>(log, data, "trainer-16-mixed-adamw-clip",
-                                AdamWOptions(1e-3).weight_decay(0.01).amsgrad(true),
-                                amp::TrainerOptions().max_grad_norm(1.0), amp::DynamicScaler(scaler_options()));
+  trainer_run<Fp16, Dev, AdamW>(
+      log, data, "trainer-16-mixed-adamw-clip", AdamWOptions(1e-3).weight_decay(0.01).amsgrad(true),
+      amp::TrainerOptions().step(amp::StepOptions().max_grad_norm(1.0)), amp::DynamicScaler(scaler_options()));
   trainer_run<Fp16, Dev, SGD>(log, data, "trainer-16-mixed-sgd",
                               SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4), amp::TrainerOptions(),
                               amp::DynamicScaler(scaler_options(1024.0)));
@@ -325,11 +325,11 @@ int run(const std::string& dir, torch::Device device) {
   // The optimizer's own step(): LibTorch's SGD is Python's SGD(foreach=False), op for op.
   trainer_run<Bf16, Dev, SGD>(log, data, "trainer-bf16-mixed-sgd-clip-unfused",
                               SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4),
-                              amp::TrainerOptions().fused(false).max_grad_norm(1.0));
+                              amp::TrainerOptions().step(amp::StepOptions().fused(false).max_grad_norm(1.0)));
   trainer_run<amp::True<amp::fp64>, Dev, SGD>(log, data, "trainer-64-true-sgd-unfused", SGDOptions(0.01).momentum(0.9),
-                                              amp::TrainerOptions().fused(false));
+                                              amp::TrainerOptions().step(amp::StepOptions().fused(false)));
   gan_run<Dev, SGD>(log, data, "gan-d-bf16-mixed-sgd-unfused", SGDOptions(0.01).momentum(0.9),
-                    amp::TrainerOptions().fused(false));
+                    amp::TrainerOptions().step(amp::StepOptions().fused(false)));
   autocast_gan_run<Dev>(log, data, "gan-d-bf16-autocast-sgd-unfused");
   precision_run<Bf16, Dev, SGD, SGD>(log, device, "precision-bf16-mixed-gan-unfused", SGDOptions(0.02).momentum(0.5),
                                      SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4),

@@ -122,9 +122,12 @@ void run(std::ofstream& steps, const std::string& out, const Data& data, const s
       return typename Policy::scaler_type();
     }
   }();
-  amp::Trainer<Policy, amp::CPU> trainer(
-      model, opt, amp::TrainerOptions().progress(false).fused(false).region(amp::RegionOptions().precision_map(map)),
-      std::move(scaler));
+  amp::Trainer<Policy, amp::CPU> trainer(model, opt,
+                                         amp::TrainerOptions()
+                                             .progress(false)
+                                             .step(amp::StepOptions().fused(false))
+                                             .region(amp::RegionOptions().precision_map(map)),
+                                         std::move(scaler));
   for (int i = 0; i < kSteps; ++i) {
     const bool poison = amp::detail::uses_loss_scaling_v<typename Policy::scaler_type> && (i == 3 || i == 4 || i == 40);
     auto r = trainer.step([&](auto&) {

@@ -71,7 +71,7 @@ void run(std::ofstream& steps, const std::string& out, const Data& data, const s
   init(*model);  // seeds 0: dropout's masks follow from there, as in the twin
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(
-      model, opt, amp::TrainerOptions().progress(false).fused(false));
+      model, opt, amp::TrainerOptions().progress(false).step(amp::StepOptions().fused(false)));
   for (int i = 0; i < kSteps; ++i) {
     auto r = trainer.step(
         [&](auto&) { return torch::cross_entropy_loss(model->forward(data.x[i]).to(torch::kFloat), data.y[i]); });

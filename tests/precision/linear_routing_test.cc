@@ -222,7 +222,7 @@ TEST_F(LinearRoutingTest, RnnCellsCastTheirWeightsOnceWithoutRouting) {
   const torch::Tensor x = torch::randn({6, 24});
   auto casts_of = [&](const torch::Tensor& w, auto&& cell) {
     WeightCasts casts(w);
-    amp::Region<Bf16, amp::CPU> region(LinearRouting::kOff);
+    amp::Region<Bf16, amp::CPU> region(amp::RegionOptions().linear_routing(LinearRouting::kOff));
     cell();
     cell();
     return WeightCasts::count;
@@ -325,7 +325,7 @@ TEST_F(LinearRoutingTest, NothingIsRoutedOutsideMixedRegionsIslandsOrBackward) {
     EXPECT_EQ(routed_calls, 0) << "in a True<fp32> region";
   }
   {
-    amp::Region<Bf16, amp::CPU> region(LinearRouting::kOff);
+    amp::Region<Bf16, amp::CPU> region(amp::RegionOptions().linear_routing(LinearRouting::kOff));
     EXPECT_EQ(region.linear_routing(), LinearRouting::kOff);
     EXPECT_FALSE(key_included());
     (void)lin(x);
@@ -359,7 +359,8 @@ TEST_F(LinearRoutingTest, StrictCastsStillCatchManualCasts) {
   torch::nn::Linear lin(24, 40);
   const torch::Tensor x = torch::randn({6, 24});
   WeightCasts casts(lin->weight);
-  amp::Region<Bf16, amp::CPU> region(amp::StrictCasts::kThrow, LinearRouting::kOn);
+  amp::Region<Bf16, amp::CPU> region(
+      amp::RegionOptions().strict_casts(amp::StrictCasts::kThrow).linear_routing(LinearRouting::kOn));
   EXPECT_EQ(region.strict_casts(), amp::StrictCasts::kThrow);
   EXPECT_EQ(region.linear_routing(), LinearRouting::kOn);
   const torch::Tensor y = lin(x) + lin(x);
@@ -372,12 +373,13 @@ TEST_F(LinearRoutingTest, StrictCastsStillCatchManualCasts) {
 
 // Trainer's option reaches its region; on by default.
 TEST_F(LinearRoutingTest, TrainerOptionTurnsRoutingOff) {
-  EXPECT_EQ(amp::TrainerOptions().linear_routing(), LinearRouting::kOn);
+  EXPECT_EQ(amp::TrainerOptions().region().linear_routing(), LinearRouting::kOn);
   torch::nn::Linear lin(24, 40);
   torch::optim::SGD opt(lin->parameters(), 0.1);
   const torch::Tensor x = torch::randn({6, 24});
   for (const LinearRouting routing : {LinearRouting::kOn, LinearRouting::kOff}) {
-    amp::Trainer<Bf16, amp::CPU> trainer(lin, opt, amp::TrainerOptions().progress(false).linear_routing(routing));
+    amp::Trainer<Bf16, amp::CPU> trainer(
+        lin, opt, amp::TrainerOptions().progress(false).region(amp::RegionOptions().linear_routing(routing)));
     WeightCasts casts(lin->weight);
     trainer.step([&](auto& region) {
       EXPECT_EQ(region.linear_routing(), routing);
@@ -395,20 +397,20 @@ TEST_F(LinearRoutingTest, TrainerOptionTurnsRoutingOff) {
 
 // Fabric takes the same option, for forward() and evaluate().
 TEST_F(LinearRoutingTest, PrecisionOptionTurnsRoutingOff) {
-  EXPECT_EQ(amp::FabricOptions().linear_routing(), LinearRouting::kOn);
+  EXPECT_EQ(amp::FabricOptions().region().linear_routing(), LinearRouting::kOn);
   torch::nn::Linear lin(24, 40);
   torch::optim::SGD opt(lin->parameters(), 0.1);
   const torch::Tensor x = torch::randn({6, 24});
   for (const LinearRouting routing : {LinearRouting::kOn, LinearRouting::kOff}) {
-    amp::Fabric<Bf16, amp::CPU> prec(amp::FabricOptions().linear_routing(routing));
-    prec.setup(lin, opt);
+    amp::Fabric<Bf16, amp::CPU> fabric(amp::FabricOptions().region(amp::RegionOptions().linear_routing(routing)));
+    fabric.setup(lin, opt);
     WeightCasts casts(lin->weight);
-    prec.forward([&](auto& region) {
+    fabric.forward([&](auto& region) {
       EXPECT_EQ(region.linear_routing(), routing);
       return (lin(x) + lin(x)).to(torch::kFloat).pow(2).mean();
     });
     EXPECT_EQ(WeightCasts::count, routing == LinearRouting::kOn ? 1 : 2) << amp::detail::to_string(routing);
-    EXPECT_TRUE(prec.evaluate([&](auto&) { return amp::detail::current_linear_routing() == routing; }));
+    EXPECT_TRUE(fabric.evaluate([&](auto&) { return amp::detail::current_linear_routing() == routing; }));
   }
 }
 

@@ -256,9 +256,12 @@ TEST(PrecisionMap, TrainerStepsEqualTheHandWrittenLoop) {
   Net a = make_net(), b = make_net();
   torch::optim::SGD opt_a(a->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::SGD opt_b(b->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  amp::Trainer<M, amp::CPU> trainer(a, opt_a,
-                                    amp::TrainerOptions().progress(false).fused(false).region(
-                                        with(amp::PrecisionMap().path("head", P::kFp32).path("block.fc2", P::kFp32))));
+  amp::Trainer<M, amp::CPU> trainer(
+      a, opt_a,
+      amp::TrainerOptions()
+          .progress(false)
+          .step(amp::StepOptions().fused(false))
+          .region(with(amp::PrecisionMap().path("head", P::kFp32).path("block.fc2", P::kFp32))));
   for (int i = 0; i < 10; ++i) {
     const torch::Tensor x = torch::randn({16, 8}), y = torch::randn({16, 4});
     trainer.step([&](auto&) { return torch::mse_loss(a->forward(x), y); });

@@ -254,7 +254,7 @@ TEST_F(RegionTest, Bf16SameRegionInPlaceUpdateIsNotSeenByCachedCasts) {
 // sees the update.
 TEST_F(RegionTest, Bf16WithoutLinearRoutingLinearRecastsItsWeight) {
   torch::nn::Linear lin(torch::nn::LinearOptions(8, 3).bias(false));
-  Bf16Region region(amp::LinearRouting::kOff);
+  Bf16Region region(amp::RegionOptions().linear_routing(amp::LinearRouting::kOff));
   const torch::Tensor l1 = lin(x);
   {
     torch::NoGradGuard no_grad;

@@ -56,7 +56,7 @@ class StrictCastsTest : public ::testing::Test {
 };
 
 TEST_F(StrictCastsTest, ManualBf16AndHalfCastsThrowWithTheAmpMessage) {
-  Bf16Region region(StrictCasts::kThrow);
+  Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
   EXPECT_EQ(region.strict_casts(), StrictCasts::kThrow);
   EXPECT_EQ(amp::detail::current_strict_casts(), StrictCasts::kThrow);
 
@@ -93,7 +93,7 @@ TEST_F(StrictCastsTest, ManualBf16AndHalfCastsThrowWithTheAmpMessage) {
 // TensorIterator, a composite's pieces) are not the user's.
 TEST_F(StrictCastsTest, CastsInsideOtherOpsAreNotFlagged) {
   torch::nn::Linear linear(8, 3);
-  Bf16Region region(StrictCasts::kThrow);
+  Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
   const auto y = linear(x);  // bf16
   torch::Tensor r;
   ASSERT_NO_THROW(r = y * 2);  // Long scalar -> bf16 inside mul
@@ -108,7 +108,7 @@ TEST_F(StrictCastsTest, CastsInsideOtherOpsAreNotFlagged) {
 TEST_F(StrictCastsTest, AutocastsOwnCastsAreNeverFlagged) {
   torch::nn::Linear linear(8, 3);
   torch::nn::Conv1d conv(torch::nn::Conv1dOptions(2, 2, 3));
-  Bf16Region region(StrictCasts::kThrow);
+  Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
   torch::Tensor y, z, m;
   ASSERT_NO_THROW(y = linear(x));
   ASSERT_NO_THROW(z = conv(torch::randn({1, 2, 8})));
@@ -124,7 +124,7 @@ TEST_F(StrictCastsTest, AutocastsOwnCastsAreNeverFlagged) {
 
 TEST_F(StrictCastsTest, CastsToFp32AndFp64AndNoOpCastsAreAllowed) {
   torch::nn::Linear linear(8, 3);
-  Bf16Region region(StrictCasts::kThrow);
+  Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
   const auto y = linear(x);
   EXPECT_EQ(y.to(torch::kFloat).scalar_type(), torch::kFloat);
   EXPECT_EQ(x.to(torch::kDouble).scalar_type(), torch::kDouble);
@@ -134,7 +134,7 @@ TEST_F(StrictCastsTest, CastsToFp32AndFp64AndNoOpCastsAreAllowed) {
 
 TEST_F(StrictCastsTest, AfterTheRegionTheSameCastWorks) {
   {
-    Bf16Region region(StrictCasts::kThrow);
+    Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
     EXPECT_THAT(error_of([&] { (void)x.to(torch::kBFloat16); }), ::testing::StartsWith(kRejected));
   }
   EXPECT_EQ(x.to(torch::kBFloat16).scalar_type(), torch::kBFloat16);
@@ -142,7 +142,7 @@ TEST_F(StrictCastsTest, AfterTheRegionTheSameCastWorks) {
 }
 
 TEST_F(StrictCastsTest, AnotherThreadIsUnaffected) {
-  Bf16Region region(StrictCasts::kThrow);
+  Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
   torch::ScalarType other = torch::kFloat;
   bool other_included = true;
   std::thread t([&] {
@@ -160,7 +160,7 @@ TEST_F(StrictCastsTest, ARegionInAnotherThreadDoesNotReachThisOne) {
   std::condition_variable cv;
   bool inside = false, done = false;
   std::thread t([&] {
-    Bf16Region region(StrictCasts::kThrow);
+    Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
     std::unique_lock<std::mutex> lock(mu);
     inside = true;
     cv.notify_all();
@@ -178,7 +178,7 @@ TEST_F(StrictCastsTest, ARegionInAnotherThreadDoesNotReachThisOne) {
 
 TEST_F(StrictCastsTest, AnExceptionInsideTheRegionRemovesTheCheck) {
   try {
-    Bf16Region region(StrictCasts::kThrow);
+    Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
     throw std::runtime_error("user error");
   } catch (const std::runtime_error&) {
   }
@@ -186,7 +186,7 @@ TEST_F(StrictCastsTest, AnExceptionInsideTheRegionRemovesTheCheck) {
   EXPECT_EQ(amp::detail::current_strict_casts(), StrictCasts::kOff);
   // And when the strict check itself threw:
   try {
-    Bf16Region region(StrictCasts::kThrow);
+    Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
     (void)x.to(torch::kHalf);
   } catch (const c10::Error&) {
   }
@@ -199,7 +199,7 @@ TEST_F(StrictCastsTest, WarnModeWarnsOncePerDtypeAndDoesNotThrow) {
   ::testing::internal::CaptureStderr();
   torch::Tensor a, b, c, d;
   {
-    Bf16Region region(StrictCasts::kWarn);
+    Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kWarn));
     a = x.to(torch::kBFloat16);
     b = (x * 2).to(torch::kBFloat16);
     c = x.to(torch::kHalf);
@@ -217,12 +217,12 @@ TEST_F(StrictCastsTest, WarnModeWarnsOncePerDtypeAndDoesNotThrow) {
 
 TEST_F(StrictCastsTest, OffModeAndTrueRegionsCheckNothing) {
   {
-    Bf16Region region(StrictCasts::kOff);
+    Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kOff));
     EXPECT_FALSE(key_included());
     EXPECT_EQ(x.to(torch::kBFloat16).scalar_type(), torch::kBFloat16);
   }
   {
-    Fp64Region region(StrictCasts::kThrow);  // no autocast, nothing to protect
+    Fp64Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));  // no autocast, nothing to protect
     EXPECT_EQ(region.strict_casts(), StrictCasts::kOff);
     EXPECT_FALSE(key_included());
     EXPECT_EQ(x.to(torch::kBFloat16).scalar_type(), torch::kBFloat16);
@@ -230,9 +230,9 @@ TEST_F(StrictCastsTest, OffModeAndTrueRegionsCheckNothing) {
 }
 
 TEST_F(StrictCastsTest, NestedRegionsRestoreTheOuterMode) {
-  Bf16Region outer(StrictCasts::kThrow);
+  Bf16Region outer(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
   {
-    Bf16Region inner(StrictCasts::kOff);
+    Bf16Region inner(amp::RegionOptions().strict_casts(StrictCasts::kOff));
     EXPECT_EQ(x.to(torch::kBFloat16).scalar_type(), torch::kBFloat16);
   }
   EXPECT_EQ(amp::detail::current_strict_casts(), StrictCasts::kThrow);
@@ -240,7 +240,7 @@ TEST_F(StrictCastsTest, NestedRegionsRestoreTheOuterMode) {
 }
 
 TEST_F(StrictCastsTest, FullPrecisionIslandIsTheUsers) {
-  Bf16Region region(StrictCasts::kThrow);
+  Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
   const auto t = region.full_precision([](const torch::Tensor& v) { return v.to(torch::kBFloat16); }, x);
   EXPECT_EQ(t.scalar_type(), torch::kBFloat16);
   EXPECT_THAT(error_of([&] { (void)x.to(torch::kBFloat16); }),
@@ -251,7 +251,7 @@ TEST_F(StrictCastsTest, FullPrecisionIslandIsTheUsers) {
 // backward() run inside the region: not the user's cast.
 TEST_F(StrictCastsTest, BackwardInsideTheRegionIsNotFlagged) {
   torch::nn::Linear linear(8, 3);
-  Bf16Region region(StrictCasts::kThrow);
+  Bf16Region region(amp::RegionOptions().strict_casts(StrictCasts::kThrow));
   auto loss = torch::mse_loss(linear(x), torch::zeros({4, 3}));
   ASSERT_NO_THROW(loss.backward());
   EXPECT_EQ(linear->weight.grad().scalar_type(), torch::kFloat);
@@ -265,7 +265,7 @@ TEST(StrictCastsDefault, IsTheBuildWideSetting) {
 #else
   EXPECT_EQ(amp::detail::kDefaultStrictCasts, StrictCasts::kThrow);
 #endif
-  EXPECT_EQ(amp::TrainerOptions().strict_casts(), amp::detail::kDefaultStrictCasts);
+  EXPECT_EQ(amp::TrainerOptions().region().strict_casts(), amp::detail::kDefaultStrictCasts);
   EXPECT_STREQ(amp::detail::to_string(StrictCasts::kWarn), "warn");
 }
 
@@ -281,7 +281,7 @@ Trained train(StrictCasts mode) {
   torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
   amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(
-      model, opt, amp::TrainerOptions().strict_casts(mode).progress(false));
+      model, opt, amp::TrainerOptions().region(amp::RegionOptions().strict_casts(mode)).progress(false));
   const auto xs = torch::randn({64, 16});
   const auto ys = torch::randint(0, 4, {64});
   Trained out;
@@ -306,7 +306,7 @@ TEST(StrictCastsTrainer, AManualCastInTheForwardThrowsAndLeavesNoCheckBehind) {
   torch::nn::Linear model(8, 2);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
   amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(
-      model, opt, amp::TrainerOptions().strict_casts(StrictCasts::kThrow).progress(false));
+      model, opt, amp::TrainerOptions().region(amp::RegionOptions().strict_casts(StrictCasts::kThrow)).progress(false));
   const auto x = torch::randn({4, 8});
   const auto before = model->weight.detach().clone();
   const std::string msg = error_of(

@@ -235,8 +235,10 @@ TEST(CheckpointTraining, Float8DelayedScalingIsBitwiseStateIncluded) {
 #if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
   using P = amp::Float8<amp::Delayed<4, 1>>;
   const auto sgd = torch::optim::SGDOptions(0.05).momentum(0.9);
-  const Outcome with = train<P, torch::optim::SGD>(true, amp::TrainerOptions().fused(false), false, sgd);
-  const Outcome without = train<P, torch::optim::SGD>(false, amp::TrainerOptions().fused(false), false, sgd);
+  const Outcome with =
+      train<P, torch::optim::SGD>(true, amp::TrainerOptions().step(amp::StepOptions().fused(false)), false, sgd);
+  const Outcome without =
+      train<P, torch::optim::SGD>(false, amp::TrainerOptions().step(amp::StepOptions().fused(false)), false, sgd);
   expect_same(with, without, kSteps * kBlocks);  // save_state holds the amax histories and the scales
 #else
   GTEST_SKIP() << "Float8 trains on CPU with a CPU _scaled_mm (LibTorch 2.8+)";
@@ -244,7 +246,7 @@ TEST(CheckpointTraining, Float8DelayedScalingIsBitwiseStateIncluded) {
 }
 
 TEST(CheckpointTraining, AccumulationOverTwoMicroBatchesIsBitwise) {
-  const auto options = amp::TrainerOptions().accumulation_steps(2);
+  const auto options = amp::TrainerOptions().step(amp::StepOptions().accumulation_steps(2));
   const Outcome with = train<Bf16>(true, options), without = train<Bf16>(false, options);
   expect_same(with, without, kSteps * kBlocks);
 }
@@ -259,20 +261,20 @@ TEST(CheckpointTraining, FabricIsBitwise) {
   auto run = [](bool checkpointed) {
     Net net = make_net(checkpointed);
     torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(1e-2));
-    amp::Fabric<Bf16, amp::CPU> prec;
-    prec.setup(net, opt);
+    amp::Fabric<Bf16, amp::CPU> fabric;
+    fabric.setup(net, opt);
     torch::manual_seed(2);
     Outcome o;
     for (int i = 0; i < kSteps; ++i) {
       opt.zero_grad();
-      const torch::Tensor loss = prec.forward([&](auto&) { return loss_of(net, i); });
-      prec.backward(loss);
-      prec.step(opt);
-      prec.update();
+      const torch::Tensor loss = fabric.forward([&](auto&) { return loss_of(net, i); });
+      fabric.backward(loss);
+      fabric.optimizer_step(opt);
+      fabric.update();
       o.losses.push_back(loss.item<double>());
     }
     std::ostringstream state;
-    prec.save_state(state);
+    fabric.save_state(state);
     o.state = state.str();
     finish(o, net, opt);
     return o;

@@ -88,19 +88,19 @@ struct Gan {
 
 // One GAN iteration through Fabric; d_poison multiplies D's loss (inf: D's gradients overflow).
 template <class Prec>
-void iteration(Prec& prec, Gan& g, int i, double d_poison = 1.0, double g_poison = 1.0) {
+void iteration(Prec& fabric, Gan& g, int i, double d_poison = 1.0, double g_poison = 1.0) {
   g.opt_d->zero_grad();
-  prec.backward(prec.forward([&](auto& region) { return g.d_loss(region, i) * d_poison; }));
-  prec.step(*g.opt_d);
+  fabric.backward(fabric.forward([&](auto& region) { return g.d_loss(region, i) * d_poison; }));
+  fabric.optimizer_step(*g.opt_d);
   g.opt_g->zero_grad();
-  prec.backward(prec.forward([&](auto& region) { return g.g_loss(region, i) * g_poison; }));
-  prec.step(*g.opt_g);
-  prec.update();
+  fabric.backward(fabric.forward([&](auto& region) { return g.g_loss(region, i) * g_poison; }));
+  fabric.optimizer_step(*g.opt_g);
+  fabric.update();
 }
 
 template <class P>
-double scale_of(const amp::Fabric<P, amp::CPU>& prec) {
-  return prec.scaler().get_scale();
+double scale_of(const amp::Fabric<P, amp::CPU>& fabric) {
+  return fabric.scaler().get_scale();
 }
 
 template <class P>
@@ -116,11 +116,11 @@ TYPED_TEST(FabricPolicies, TwoOptimizersEqualTheRecipeByHand) {
   using Prec = amp::Fabric<P, amp::CPU>;
   using R = typename Prec::region_type;
   Gan a = Gan::make<P>(), b = Gan::make<P>();
-  Prec prec;
-  prec.setup(a.gen, *a.opt_g);
-  prec.setup(a.disc, *a.opt_d);
-  EXPECT_EQ(prec.num_models(), 2u);
-  EXPECT_EQ(prec.num_optimizers(), 2u);
+  Prec fabric;
+  fabric.setup(a.gen, *a.opt_g);
+  fabric.setup(a.disc, *a.opt_d);
+  EXPECT_EQ(fabric.num_models(), 2u);
+  EXPECT_EQ(fabric.num_optimizers(), 2u);
 
   if constexpr (!amp::policy_traits<P>::uses_autocast) {  // True<D>: the model in D
     b.gen->to(R::param_dtype);
@@ -128,8 +128,8 @@ TYPED_TEST(FabricPolicies, TwoOptimizersEqualTheRecipeByHand) {
   }
   typename Prec::scaler_type scaler;
   std::optional<amp::FusedStep> fused_g, fused_d;
-  if (prec.fused(*a.opt_g)) fused_g.emplace(*b.opt_g);
-  if (prec.fused(*a.opt_d)) fused_d.emplace(*b.opt_d);
+  if (fabric.fused(*a.opt_g)) fused_g.emplace(*b.opt_g);
+  if (fabric.fused(*a.opt_d)) fused_d.emplace(*b.opt_d);
   auto scaler_step = [&](torch::optim::Optimizer& opt, std::optional<amp::FusedStep>& fused) {
     if constexpr (amp::scaler_capabilities<typename Prec::scaler_type>::fused_step) {
       if (fused) return scaler.step(opt, *fused);
@@ -141,7 +141,7 @@ TYPED_TEST(FabricPolicies, TwoOptimizersEqualTheRecipeByHand) {
   constexpr bool scaled = amp::policy_traits<P>::uses_loss_scaling;
   for (int i = 0; i < 12; ++i) {
     const double poison = scaled && (i == 3 || i == 7) ? kInf : 1.0;  // D overflows twice
-    iteration(prec, a, i, poison);
+    iteration(fabric, a, i, poison);
 
     b.opt_d->zero_grad();
     torch::Tensor loss_d;
@@ -160,11 +160,11 @@ TYPED_TEST(FabricPolicies, TwoOptimizersEqualTheRecipeByHand) {
     scaler.scale(loss_g).backward();
     scaler_step(*b.opt_g, fused_g);
     scaler.update();
-    ASSERT_EQ(prec.scaler().get_scale(), scaler.get_scale()) << "iteration " << i;
+    ASSERT_EQ(fabric.scaler().get_scale(), scaler.get_scale()) << "iteration " << i;
   }
   EXPECT_TRUE(same(snapshot(*a.gen), snapshot(*b.gen)));
   EXPECT_TRUE(same(snapshot(*a.disc), snapshot(*b.disc)));
-  EXPECT_EQ(prec.iterations(), 12);
+  EXPECT_EQ(fabric.steps(), 12);
   for (const auto& p : a.gen->parameters()) EXPECT_EQ(p.scalar_type(), R::param_dtype);
 }
 
@@ -173,29 +173,29 @@ template <class P>
 void expect_per_optimizer_skips() {
   if constexpr (amp::is_supported_v<P, amp::CPU>) {
     Gan g = Gan::make<P>();
-    amp::Fabric<P, amp::CPU> prec({}, amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.0)));
-    prec.setup(g.gen, *g.opt_g);
-    prec.setup(g.disc, *g.opt_d);
-    iteration(prec, g, 0);
-    EXPECT_EQ(scale_of(prec), 1024.0);
+    amp::Fabric<P, amp::CPU> fabric({}, amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.0)));
+    fabric.setup(g.gen, *g.opt_g);
+    fabric.setup(g.disc, *g.opt_d);
+    iteration(fabric, g, 0);
+    EXPECT_EQ(scale_of(fabric), 1024.0);
     // inf in D's gradients: D keeps its parameters, G steps, the scale halves once.
     auto d0 = snapshot(*g.disc), g0 = snapshot(*g.gen);
-    iteration(prec, g, 1, kInf);
+    iteration(fabric, g, 1, kInf);
     EXPECT_TRUE(same(snapshot(*g.disc), d0));
     EXPECT_FALSE(same(snapshot(*g.gen), g0));
-    EXPECT_EQ(scale_of(prec), 512.0);
+    EXPECT_EQ(scale_of(fabric), 512.0);
     // inf in G's only: the other way round.
     d0 = snapshot(*g.disc), g0 = snapshot(*g.gen);
-    iteration(prec, g, 2, 1.0, kInf);
+    iteration(fabric, g, 2, 1.0, kInf);
     EXPECT_FALSE(same(snapshot(*g.disc), d0));
     EXPECT_TRUE(same(snapshot(*g.gen), g0));
-    EXPECT_EQ(scale_of(prec), 256.0);
+    EXPECT_EQ(scale_of(fabric), 256.0);
     // inf in both: both skip, and the scale still backs off once, not twice.
     d0 = snapshot(*g.disc), g0 = snapshot(*g.gen);
-    iteration(prec, g, 3, kInf, kInf);
+    iteration(fabric, g, 3, kInf, kInf);
     EXPECT_TRUE(same(snapshot(*g.disc), d0));
     EXPECT_TRUE(same(snapshot(*g.gen), g0));
-    EXPECT_EQ(scale_of(prec), 128.0);
+    EXPECT_EQ(scale_of(fabric), 128.0);
   } else {
     GTEST_SKIP() << "LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << " has no fp16 autocast on CPU";
   }
@@ -250,7 +250,7 @@ TYPED_TEST(FabricPolicies, MidRunCheckpointResumesBitwise) {
   b.setup(resumed.gen, *resumed.opt_g);
   b.setup(resumed.disc, *resumed.opt_d);
   b.load(path);
-  EXPECT_EQ(b.iterations(), 8);
+  EXPECT_EQ(b.steps(), 8);
   EXPECT_EQ(b.scaler().get_scale(), saved_scale);
   for (int i = 8; i < 16; ++i) iteration(b, resumed, i);
   EXPECT_TRUE(same(snapshot(*straight.gen), snapshot(*resumed.gen)));
@@ -262,13 +262,13 @@ using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
 
 TEST(Fabric, CheckpointRefusalsLeaveEverythingAsItWas) {
   Gan g = Gan::make<Bf16>();
-  amp::Fabric<Bf16, amp::CPU> prec;
-  prec.setup(g.gen, *g.opt_g);
-  prec.setup(g.disc, *g.opt_d);
-  iteration(prec, g, 0);
+  amp::Fabric<Bf16, amp::CPU> fabric;
+  fabric.setup(g.gen, *g.opt_g);
+  fabric.setup(g.disc, *g.opt_d);
+  iteration(fabric, g, 0);
   const std::string path = tmp_path("precision_refusals.pt");
-  prec.save(path);
-  iteration(prec, g, 1);
+  fabric.save(path);
+  iteration(fabric, g, 1);
   const auto gen0 = snapshot(*g.gen), disc0 = snapshot(*g.disc);
 
   // Another policy's checkpoint.
@@ -280,7 +280,7 @@ TEST(Fabric, CheckpointRefusalsLeaveEverythingAsItWas) {
     iteration(other, o, 0);
     other.save(tmp_path("precision_fp32.pt"));
   }
-  EXPECT_THAT(error_of([&] { prec.load(tmp_path("precision_fp32.pt")); }),
+  EXPECT_THAT(error_of([&] { fabric.load(tmp_path("precision_fp32.pt")); }),
               HasSubstr("was saved under precision \"32-true\" but this Fabric's policy is \"bf16-mixed\""));
   // A checkpoint of one model (a Trainer's), and one with another count.
   {
@@ -291,78 +291,80 @@ TEST(Fabric, CheckpointRefusalsLeaveEverythingAsItWas) {
     one.setup(t.gen, *t.opt_g);
     one.save(tmp_path("precision_one.pt"));
   }
-  EXPECT_THAT(error_of([&] { prec.load(tmp_path("precision_trainer.pt")); }),
+  EXPECT_THAT(error_of([&] { fabric.load(tmp_path("precision_trainer.pt")); }),
               HasSubstr("the checkpoint holds one model and optimizer (amp::Trainer::save)"));
-  EXPECT_THAT(error_of([&] { prec.load(tmp_path("precision_one.pt")); }),
+  EXPECT_THAT(error_of([&] { fabric.load(tmp_path("precision_one.pt")); }),
               HasSubstr("the checkpoint holds 1 models and 1 optimizers, but 2 models and 2 optimizers are set up"));
-  EXPECT_THAT(error_of([&] { prec.load(tmp_path("no_such_file.pt")); }), HasSubstr("amp: could not read checkpoint"));
+  EXPECT_THAT(error_of([&] { fabric.load(tmp_path("no_such_file.pt")); }), HasSubstr("amp: could not read checkpoint"));
   EXPECT_TRUE(same(snapshot(*g.gen), gen0));
   EXPECT_TRUE(same(snapshot(*g.disc), disc0));
-  EXPECT_EQ(prec.iterations(), 2);
+  EXPECT_EQ(fabric.steps(), 2);
 
   // save() and load() between iterations only.
   g.opt_d->zero_grad();
-  prec.backward(prec.forward([&](auto& r) { return g.d_loss(r, 2); }));
-  prec.step(*g.opt_d);
-  EXPECT_THAT(error_of([&] { prec.save(tmp_path("mid.pt")); }),
+  fabric.backward(fabric.forward([&](auto& r) { return g.d_loss(r, 2); }));
+  fabric.optimizer_step(*g.opt_d);
+  EXPECT_THAT(error_of([&] { fabric.save(tmp_path("mid.pt")); }),
               HasSubstr("amp: save() in the middle of an iteration: optimizer 1 stepped"));
   EXPECT_FALSE(fs::exists(tmp_path("mid.pt")));
-  EXPECT_THAT(error_of([&] { prec.load(path); }), HasSubstr("amp: load() in the middle of an iteration"));
-  prec.update();
-  prec.load(path);
-  EXPECT_EQ(prec.iterations(), 1);
+  EXPECT_THAT(error_of([&] { fabric.load(path); }), HasSubstr("amp: load() in the middle of an iteration"));
+  fabric.update();
+  fabric.load(path);
+  EXPECT_EQ(fabric.steps(), 1);
 }
 
 TEST(Fabric, SetupErrorsChangeNothing) {
   Gan g = Gan::make<Bf16>();
-  amp::Fabric<Bf16, amp::CPU> prec;
+  amp::Fabric<Bf16, amp::CPU> fabric;
   // An optimizer over parameters of a model that was not set up.
-  EXPECT_THAT(error_of([&] { prec.setup(g.gen, *g.opt_d); }),
+  EXPECT_THAT(error_of([&] { fabric.setup(g.gen, *g.opt_d); }),
               HasSubstr("amp: setup(): parameter 0 of param group 0 of this optimizer belongs to no model that was set "
                         "up"));
-  EXPECT_EQ(prec.num_models(), 0u);
-  EXPECT_EQ(prec.num_optimizers(), 0u);
-  prec.setup(g.gen, *g.opt_g);
+  EXPECT_EQ(fabric.num_models(), 0u);
+  EXPECT_EQ(fabric.num_optimizers(), 0u);
+  fabric.setup(g.gen, *g.opt_g);
   // The same optimizer twice.
-  EXPECT_THAT(error_of([&] { prec.setup(g.gen, *g.opt_g); }),
+  EXPECT_THAT(error_of([&] { fabric.setup(g.gen, *g.opt_g); }),
               HasSubstr("amp: setup(): this optimizer was already set up (optimizer 0); set up each optimizer once"));
-  EXPECT_EQ(prec.num_optimizers(), 1u);
+  EXPECT_EQ(fabric.num_optimizers(), 1u);
   // An optimizer over two models: fine once both are set up.
   torch::optim::SGD both(g.disc->parameters(), torch::optim::SGDOptions(0.1));
   both.add_param_group(torch::optim::OptimizerParamGroup(g.gen->parameters()));
-  prec.setup(g.disc);
-  prec.setup(g.disc, both);
-  EXPECT_EQ(prec.num_models(), 2u);
+  fabric.setup(g.disc);
+  fabric.setup(g.disc, both);
+  EXPECT_EQ(fabric.num_models(), 2u);
   // LBFGS, fp64 parameters under a Mixed policy.
   torch::optim::LBFGS lbfgs(g.disc->parameters(), torch::optim::LBFGSOptions(0.1));
-  EXPECT_THAT(error_of([&] { prec.setup(g.disc, lbfgs); }), HasSubstr("amp: Fabric steps each optimizer with step()"));
+  EXPECT_THAT(error_of([&] { fabric.setup(g.disc, lbfgs); }),
+              HasSubstr("amp: Fabric steps each optimizer with step()"));
   torch::nn::Linear wide(4, 4);
   wide->to(torch::kFloat64);
-  EXPECT_THAT(error_of([&] { prec.setup(wide); }),
+  EXPECT_THAT(error_of([&] { fabric.setup(wide); }),
               HasSubstr("amp: bf16-mixed keeps parameters in fp32, but parameter 'weight' is Double; call "
-                        "model->to(torch::kFloat32) before prec.setup(model)"));
-  EXPECT_EQ(prec.num_models(), 2u);
-  EXPECT_EQ(prec.num_optimizers(), 2u);
-  EXPECT_THAT(error_of([&] { prec.setup(g.gen, *g.opt_d, amp::StepOptions().max_grad_norm(-1)); }),
+                        "model->to(torch::kFloat32) before fabric.setup(model)"));
+  EXPECT_EQ(fabric.num_models(), 2u);
+  EXPECT_EQ(fabric.num_optimizers(), 2u);
+  EXPECT_THAT(error_of([&] { fabric.setup(g.gen, *g.opt_d, amp::StepOptions().max_grad_norm(-1)); }),
               HasSubstr("amp: max_grad_norm must be >= 0"));
-  EXPECT_THAT(error_of([&] { prec.setup(g.gen, *g.opt_d, amp::StepOptions().accumulation_steps(2)); }),
-              HasSubstr("amp: Fabric steps an optimizer at each prec.step(opt), so StepOptions::accumulation_steps "
-                        "must be 1 in setup(), got 2"));
-  EXPECT_EQ(prec.num_optimizers(), 2u);
+  EXPECT_THAT(
+      error_of([&] { fabric.setup(g.gen, *g.opt_d, amp::StepOptions().accumulation_steps(2)); }),
+      HasSubstr("amp: Fabric steps an optimizer at each fabric.optimizer_step(opt), so StepOptions::accumulation_steps "
+                "must be 1 in setup(), got 2"));
+  EXPECT_EQ(fabric.num_optimizers(), 2u);
 }
 
 // FabricOptions::region is honoured by forward() and evaluate().
 TEST(Fabric, RegionOptionsReachForwardAndEvaluate) {
   for (const amp::LinearRouting mode : {amp::LinearRouting::kOn, amp::LinearRouting::kOff}) {
     Gan g = Gan::make<Bf16>();
-    amp::Fabric<Bf16, amp::CPU> prec(amp::FabricOptions().region(amp::RegionOptions().linear_routing(mode)));
-    prec.setup(g.gen, *g.opt_g);
+    amp::Fabric<Bf16, amp::CPU> fabric(amp::FabricOptions().region(amp::RegionOptions().linear_routing(mode)));
+    fabric.setup(g.gen, *g.opt_g);
     amp::LinearRouting in_forward = amp::LinearRouting::kOff, in_eval = amp::LinearRouting::kOff;
-    (void)prec.forward([&](auto&) {
+    (void)fabric.forward([&](auto&) {
       in_forward = amp::detail::current_linear_routing();
       return g.gen->forward(g.noise).sum();
     });
-    prec.evaluate([&](auto&) {
+    fabric.evaluate([&](auto&) {
       in_eval = amp::detail::current_linear_routing();
       return 0;
     });
@@ -373,41 +375,41 @@ TEST(Fabric, RegionOptionsReachForwardAndEvaluate) {
 
 TEST(Fabric, StepAndUpdateOutOfOrderAreErrorsThatChangeNothing) {
   Gan g = Gan::make<Bf16>();
-  amp::Fabric<Bf16, amp::CPU> prec;
-  prec.setup(g.gen, *g.opt_g);
-  prec.setup(g.disc, *g.opt_d);
+  amp::Fabric<Bf16, amp::CPU> fabric;
+  fabric.setup(g.gen, *g.opt_g);
+  fabric.setup(g.disc, *g.opt_d);
   auto d0 = snapshot(*g.disc);
   // step() without backward().
-  EXPECT_THAT(error_of([&] { prec.step(*g.opt_d); }),
+  EXPECT_THAT(error_of([&] { fabric.optimizer_step(*g.opt_d); }),
               HasSubstr("amp: step() without backward(): no backward() since optimizer 1's last step; call "
-                        "prec.backward(loss) first"));
+                        "fabric.backward(loss) first"));
   EXPECT_TRUE(same(snapshot(*g.disc), d0));
   // update() without a step().
-  EXPECT_THAT(error_of([&] { prec.update(); }), HasSubstr("amp: update() without a step() since the last update()"));
-  EXPECT_EQ(prec.iterations(), 0);
+  EXPECT_THAT(error_of([&] { fabric.update(); }), HasSubstr("amp: update() without a step() since the last update()"));
+  EXPECT_EQ(fabric.steps(), 0);
   // An optimizer that was not set up.
   torch::optim::SGD stranger(g.disc->parameters(), torch::optim::SGDOptions(0.1));
-  EXPECT_THAT(error_of([&] { prec.step(stranger); }),
-              HasSubstr("amp: step(): this optimizer was not set up; call prec.setup(model, optimizer) first"));
+  EXPECT_THAT(error_of([&] { fabric.optimizer_step(stranger); }),
+              HasSubstr("amp: step(): this optimizer was not set up; call fabric.setup(model, optimizer) first"));
   // A whole iteration, then: update() twice, step() twice, step() after its backward was used.
-  iteration(prec, g, 0);
-  EXPECT_EQ(prec.iterations(), 1);
-  EXPECT_THAT(error_of([&] { prec.update(); }), HasSubstr("amp: update() without a step() since the last update()"));
-  EXPECT_EQ(prec.iterations(), 1);
+  iteration(fabric, g, 0);
+  EXPECT_EQ(fabric.steps(), 1);
+  EXPECT_THAT(error_of([&] { fabric.update(); }), HasSubstr("amp: update() without a step() since the last update()"));
+  EXPECT_EQ(fabric.steps(), 1);
   g.opt_d->zero_grad();
-  prec.backward(prec.forward([&](auto& r) { return g.d_loss(r, 1); }));
-  prec.step(*g.opt_d);
+  fabric.backward(fabric.forward([&](auto& r) { return g.d_loss(r, 1); }));
+  fabric.optimizer_step(*g.opt_d);
   d0 = snapshot(*g.disc);
-  EXPECT_THAT(error_of([&] { prec.step(*g.opt_d); }),
-              HasSubstr("amp: step(): optimizer 1 already stepped in this iteration; call prec.update()"));
+  EXPECT_THAT(error_of([&] { fabric.optimizer_step(*g.opt_d); }),
+              HasSubstr("amp: step(): optimizer 1 already stepped in this iteration; call fabric.update()"));
   EXPECT_TRUE(same(snapshot(*g.disc), d0));
-  prec.update();
-  EXPECT_THAT(error_of([&] { prec.step(*g.opt_d); }), HasSubstr("amp: step() without backward()"));
-  EXPECT_THAT(error_of([&] { prec.backward(torch::ones({2}, torch::requires_grad())); }),
+  fabric.update();
+  EXPECT_THAT(error_of([&] { fabric.optimizer_step(*g.opt_d); }), HasSubstr("amp: step() without backward()"));
+  EXPECT_THAT(error_of([&] { fabric.backward(torch::ones({2}, torch::requires_grad())); }),
               HasSubstr("amp: backward(): the loss must have one element"));
   // Training goes on.
-  iteration(prec, g, 2);
-  EXPECT_EQ(prec.iterations(), 3);
+  iteration(fabric, g, 2);
+  EXPECT_EQ(fabric.steps(), 3);
 }
 
 // evaluate(): the policy's region, no autograd, eval mode, modes restored.
@@ -417,11 +419,11 @@ TEST(Fabric, EvaluateRunsUnderThePolicyWithoutGradInEvalMode) {
   torch::nn::Sequential frozen(torch::nn::Linear(2, 2), torch::nn::BatchNorm1d(2));
   frozen[1]->eval();  // a submodule the user keeps in eval mode
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-  amp::Fabric<Bf16, amp::CPU> prec;
-  prec.setup(net, opt);
-  prec.setup(frozen);
+  amp::Fabric<Bf16, amp::CPU> fabric;
+  fabric.setup(net, opt);
+  fabric.setup(frozen);
   const auto x = torch::randn({16, 4});
-  auto y = prec.evaluate([&](auto& region) {
+  auto y = fabric.evaluate([&](auto& region) {
     (void)region;
     EXPECT_FALSE(net->is_training());
     EXPECT_FALSE(net[1]->is_training());
@@ -431,7 +433,7 @@ TEST(Fabric, EvaluateRunsUnderThePolicyWithoutGradInEvalMode) {
   });
   EXPECT_EQ(y.scalar_type(), torch::kBFloat16);  // the last Linear under bf16 autocast
   EXPECT_FALSE(y.requires_grad());
-  EXPECT_TRUE(torch::equal(y, prec.evaluate([&](auto&) { return net->forward(x); })));  // no dropout
+  EXPECT_TRUE(torch::equal(y, fabric.evaluate([&](auto&) { return net->forward(x); })));  // no dropout
   EXPECT_TRUE(net->is_training());
   EXPECT_TRUE(net[1]->is_training());
   EXPECT_TRUE(frozen->is_training());
@@ -439,7 +441,7 @@ TEST(Fabric, EvaluateRunsUnderThePolicyWithoutGradInEvalMode) {
   EXPECT_TRUE(torch::GradMode::is_enabled());
   EXPECT_FALSE(amp::detail::compat::autocast_enabled(c10::DeviceType::CPU));
   // Restored when fn throws, too.
-  EXPECT_THAT(error_of([&] { prec.evaluate([&](auto&) -> int { throw std::runtime_error("boom"); }); }),
+  EXPECT_THAT(error_of([&] { fabric.evaluate([&](auto&) -> int { throw std::runtime_error("boom"); }); }),
               HasSubstr("boom"));
   EXPECT_TRUE(net->is_training());
   EXPECT_FALSE(frozen[1]->is_training());
@@ -479,14 +481,15 @@ template <class P>
 void expect_no_host_reads() {
   if constexpr (amp::detail::compat::kCpuHasFusedOptimizers && amp::is_supported_v<P, amp::CPU>) {
     Gan g = Gan::make<P>();
-    amp::Fabric<P, amp::CPU> prec;
-    prec.setup(g.gen, *g.opt_g, amp::StepOptions().max_grad_norm(1.0));  // clipping, too
-    prec.setup(g.disc, *g.opt_d);
-    ASSERT_TRUE(prec.fused(*g.opt_g)) << prec.optimizer_path(*g.opt_g);
-    ASSERT_TRUE(prec.fused(*g.opt_d)) << prec.optimizer_path(*g.opt_d);
-    iteration(prec, g, 0);  // state made
+    amp::Fabric<P, amp::CPU> fabric;
+    fabric.setup(g.gen, *g.opt_g, amp::StepOptions().max_grad_norm(1.0));  // clipping, too
+    fabric.setup(g.disc, *g.opt_d);
+    ASSERT_TRUE(fabric.fused(*g.opt_g)) << fabric.optimizer_path(*g.opt_g);
+    ASSERT_TRUE(fabric.fused(*g.opt_d)) << fabric.optimizer_path(*g.opt_d);
+    iteration(fabric, g, 0);  // state made
     ScalarReads reads;
-    for (int i = 1; i < 21; ++i) iteration(prec, g, i, amp::policy_traits<P>::uses_loss_scaling && i == 5 ? kInf : 1.0);
+    for (int i = 1; i < 21; ++i)
+      iteration(fabric, g, i, amp::policy_traits<P>::uses_loss_scaling && i == 5 ? kInf : 1.0);
     EXPECT_EQ(ScalarReads::outside, 0) << amp::policy_traits<P>::name;
   } else {
     GTEST_SKIP() << "LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR

@@ -127,19 +127,19 @@ Record precision_run(int64_t last, const std::string& load, int64_t save_at, con
   torch::manual_seed(load.empty() ? 0 : 123);
   TinyGpt model;
   torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(1e-2));
-  amp::Fabric<Policy, amp::CPU> prec(amp::FabricOptions().rng_state(rng));
-  prec.setup(model, opt);
-  if (!load.empty()) prec.load(load);
+  amp::Fabric<Policy, amp::CPU> fabric(amp::FabricOptions().rng_state(rng));
+  fabric.setup(model, opt);
+  if (!load.empty()) fabric.load(load);
   Record r;
-  while (prec.iterations() < last) {
+  while (fabric.steps() < last) {
     const torch::Tensor batch = random_batch();
     opt.zero_grad();
-    const torch::Tensor loss = prec.forward([&](auto&) { return loss_of(model, batch); });
-    prec.backward(loss);
-    prec.step(opt);
-    prec.update();
+    const torch::Tensor loss = fabric.forward([&](auto&) { return loss_of(model, batch); });
+    fabric.backward(loss);
+    fabric.optimizer_step(opt);
+    fabric.update();
     r.losses.push_back(loss.item<double>());
-    if (prec.iterations() == save_at) prec.save(save);
+    if (fabric.steps() == save_at) fabric.save(save);
   }
   add_params(r, model);
   return r;

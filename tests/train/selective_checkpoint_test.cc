@@ -262,7 +262,8 @@ TEST(SelectiveCheckpoint, Float8DelayedStepsKeepTheirBits) {
     torch::manual_seed(0);
     Net net;
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    amp::Trainer<Delayed, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false).fused(false));
+    amp::Trainer<Delayed, amp::CPU> trainer(
+        net, opt, amp::TrainerOptions().progress(false).step(amp::StepOptions().fused(false)));
     torch::manual_seed(1);
     std::vector<torch::Tensor> out;
     for (int i = 0; i < 4; ++i) {

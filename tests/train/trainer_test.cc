@@ -223,7 +223,7 @@ TEST(Trainer, AccumulationMatchesOneLargeBatch) {
     auto net = std::make_shared<Net>();
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.5));
     amp::Trainer<amp::True<amp::fp64>, amp::CPU> trainer(
-        net, opt, amp::TrainerOptions().accumulation_steps(micro).progress(false));
+        net, opt, amp::TrainerOptions().step(amp::StepOptions().accumulation_steps(micro)).progress(false));
     const int64_t b = 64 / micro;
     for (int step = 0; step < 3; ++step)
       for (int64_t m = 0; m < micro; ++m) {
@@ -245,8 +245,8 @@ TEST(Trainer, ClipsToMaxGradNorm) {
   torch::manual_seed(2);
   auto net = std::make_shared<Net>();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.0));
-  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt,
-                                                       amp::TrainerOptions().max_grad_norm(1e-3).progress(false));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(
+      net, opt, amp::TrainerOptions().step(amp::StepOptions().max_grad_norm(1e-3)).progress(false));
   trainer.step([&](auto& region) { return loss_of(region, *net, data.x, data.y); });
   double sq = 0;
   for (const auto& p : net->parameters()) sq += p.grad().pow(2).sum().item<double>();
@@ -454,7 +454,8 @@ TEST(Checkpoint, SaveMidAccumulationIsRefused) {
   Data data(32);
   auto net = std::make_shared<Net>();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-  amp::Trainer<amp::True<amp::fp32>, amp::CPU> t(net, opt, amp::TrainerOptions().accumulation_steps(2).progress(false));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> t(
+      net, opt, amp::TrainerOptions().step(amp::StepOptions().accumulation_steps(2)).progress(false));
   t.step([&](auto& r) { return loss_of(r, *net, data.x, data.y); });
   EXPECT_THAT(
       amp_test::error_of([&] { t.save(tmp_path("mid.pt")); }),
@@ -583,13 +584,13 @@ TEST(TrainerModel, TrainsAStackModelHeldWithoutOwnership) {
   // Fabric (several models) takes it the same way.
   MnistNet second;
   torch::optim::SGD opt3(second.parameters(), torch::optim::SGDOptions(0.01));
-  amp::Fabric<P, amp::CPU> prec;
-  prec.setup(second, opt3);
+  amp::Fabric<P, amp::CPU> fabric;
+  fabric.setup(second, opt3);
   const torch::Tensor w = second.fc1->weight.detach().clone();
   opt3.zero_grad();
-  prec.backward(prec.forward([&](auto&) { return nll(second); }));
-  prec.step(opt3);
-  prec.update();
+  fabric.backward(fabric.forward([&](auto&) { return nll(second); }));
+  fabric.optimizer_step(opt3);
+  fabric.update();
   EXPECT_FALSE(torch::equal(w, second.fc1->weight));
 }
 
@@ -755,7 +756,8 @@ TEST(TrainerErrors, LbfgsWithAccumulationFailsBeforeTheModelChanges) {
   auto lin = torch::nn::Linear(4, 4);
   torch::optim::LBFGS opt(lin->parameters(), torch::optim::LBFGSOptions(0.1));
   try {
-    amp::Trainer<amp::True<amp::fp64>, amp::CPU> t(lin, opt, amp::TrainerOptions().accumulation_steps(2));
+    amp::Trainer<amp::True<amp::fp64>, amp::CPU> t(
+        lin, opt, amp::TrainerOptions().step(amp::StepOptions().accumulation_steps(2)));
     FAIL();
   } catch (const c10::Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("amp: gradient accumulation does not apply to a closure-based "
@@ -770,9 +772,10 @@ TEST(TrainerErrors, BadOptionsAndBadLosses) {
   auto lin = torch::nn::Linear(4, 2);
   torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
   using T = amp::Trainer<amp::True<amp::fp32>, amp::CPU>;
-  EXPECT_EQ(amp_test::error_of([&] { T(lin, opt, amp::TrainerOptions().accumulation_steps(0)); }),
-            "amp: accumulation_steps must be >= 1, got 0");
-  EXPECT_EQ(amp_test::error_of([&] { T(lin, opt, amp::TrainerOptions().max_grad_norm(-1)); }),
+  EXPECT_EQ(
+      amp_test::error_of([&] { T(lin, opt, amp::TrainerOptions().step(amp::StepOptions().accumulation_steps(0))); }),
+      "amp: accumulation_steps must be >= 1, got 0");
+  EXPECT_EQ(amp_test::error_of([&] { T(lin, opt, amp::TrainerOptions().step(amp::StepOptions().max_grad_norm(-1))); }),
             "amp: max_grad_norm must be >= 0 (0 turns clipping off), got -1");
   T t(lin, opt, amp::TrainerOptions().progress(false));
   auto x = torch::randn({3, 4});

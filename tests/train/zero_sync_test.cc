@@ -60,7 +60,8 @@ torch::Tensor batch_x(int i) { return torch::randn({64, 16}, torch::TensorOption
 template <class P>
 int64_t host_reads_in_20_steps(Opt o, double max_grad_norm) {
   Model r = make_run(o);
-  amp::Trainer<P, amp::CPU> trainer(r.net, *r.opt, amp::TrainerOptions().progress(false).max_grad_norm(max_grad_norm));
+  amp::Trainer<P, amp::CPU> trainer(
+      r.net, *r.opt, amp::TrainerOptions().progress(false).step(amp::StepOptions().max_grad_norm(max_grad_norm)));
   EXPECT_TRUE(trainer.fused()) << trainer.optimizer_path();
   torch::manual_seed(2);
   const auto x = batch_x(0), y = torch::randint(0, 4, {64}, torch::kLong);
@@ -149,9 +150,9 @@ TEST(ZeroSync, UnfusedPathCountsOnOldLibTorch) {
 template <class P>
 void fused_matches_unfused(Opt o) {
   Model a = make_run(o), b = make_run(o);
-  const auto opts = amp::TrainerOptions().progress(false).max_grad_norm(5.0);
-  amp::Trainer<P, amp::CPU> fused(a.net, *a.opt, amp::TrainerOptions(opts).fused(true));
-  amp::Trainer<P, amp::CPU> plain(b.net, *b.opt, amp::TrainerOptions(opts).fused(false));
+  const auto opts = amp::TrainerOptions().progress(false).step(amp::StepOptions().max_grad_norm(5.0));
+  amp::Trainer<P, amp::CPU> fused(a.net, *a.opt, amp::TrainerOptions(opts).step(amp::StepOptions().fused(true)));
+  amp::Trainer<P, amp::CPU> plain(b.net, *b.opt, amp::TrainerOptions(opts).step(amp::StepOptions().fused(false)));
   ASSERT_TRUE(fused.fused());
   ASSERT_FALSE(plain.fused());
   torch::manual_seed(3);
@@ -219,7 +220,8 @@ TEST(FusedTrainer, CheckpointsResumeBitwiseAndCrossPaths) {
 
     // The same file into an unfused Trainer: it loads and trains on.
     Model d = make_run(o, 9);
-    amp::Trainer<P, amp::CPU> unfused(d.net, *d.opt, amp::TrainerOptions().progress(false).fused(false));
+    amp::Trainer<P, amp::CPU> unfused(d.net, *d.opt,
+                                      amp::TrainerOptions().progress(false).step(amp::StepOptions().fused(false)));
     unfused.load(path);
     EXPECT_EQ(unfused.steps(), 10);
     run_steps(unfused, *d.net, 10, 12);

@@ -67,6 +67,7 @@
 #include "amp/distributed/process_group.h"
 #include "amp/distributed/sharded_optimizer.h"
 #include "amp/train/history.h"
+#include "amp/train/cross_process.h"
 #include "amp/train/stepper.h"
 #include "amp/version.h"
 
@@ -89,7 +90,7 @@ struct DataParallelOptions {
   TORCH_ARG(bool, overlap) = true;
 };
 
-class DataParallel : public GradientSync {
+class DataParallel : public GradientSync, public detail::AmaxReduce, public detail::CheckpointParticipant {
  public:
   // `params` (and `buffers`) of this rank's replica: checked to have the same
   // count, shapes and dtypes on every rank, then overwritten with rank 0's.
@@ -152,11 +153,11 @@ class DataParallel : public GradientSync {
     if (!rebuilt_) rebuild();
   }
 
-  // Float8 delayed scaling's amaxes of the step: their largest over the ranks
-  // (one all-reduce), so that every rank computes the same scales.
+  // detail::AmaxReduce: Float8 delayed scaling's amaxes of the step, their
+  // largest over the ranks (one all-reduce), so that every rank computes the same scales.
   void reduce_max(at::Tensor& t) override { pg_.allreduce_max(t, "float8 amax all-reduce"); }
 
-  // Checkpoints hold every rank's random generators, each restored on its
+  // detail::CheckpointParticipant: checkpoints hold every rank's random generators, each restored on its
   // own rank ("amp/rng/rank<r>/"; rank 0's also as "amp/rng/", which a single
   // process reads). gather_rng() (every rank; save_on_rank0 calls it) collects
   // them for rank 0's next write; without it a checkpoint holds this rank's.

@@ -28,10 +28,10 @@
 //  * region.full_precision(f, args...) is the sanctioned fp32 island.
 //  * At run time (amp/precision/strict_casts.h), a Mixed region also catches raw
 //    x.to(torch::kHalf) / x.to(torch::kBFloat16) casts, which no type can see:
-//    Region(amp::StrictCasts::kThrow | kWarn | kOff), default kDefaultStrictCasts.
+//    Region(RegionOptions().strict_casts(amp::StrictCasts::kThrow | kWarn | kOff)).
 //  * A Mixed region routes LibTorch's C++ linear layers to aten::linear, so
 //    each weight is cast once per region, as in Python (amp/precision/linear_routing.h):
-//    Region(amp::LinearRouting::kOn | kOff), default kOn.
+//    Region(RegionOptions().linear_routing(amp::LinearRouting::kOn | kOff)).
 //  * A precision map (amp/precision/precision_map.h) runs chosen modules in
 //    fp32, bf16 or fp16, or out of float8: Region(RegionOptions().precision_map(map), model).
 #pragma once
@@ -233,20 +233,9 @@ class Region {
   static constexpr c10::DeviceType device_type = detail::device_type_or_cpu<Device>();
   static constexpr bool uses_autocast = detail::uses_autocast_v<Policy>;
 
-  // strict_casts: what a raw manual cast to fp16/bf16 inside a Mixed region
-  // does (amp/precision/strict_casts.h); ignored by True<> regions, which do not autocast.
-  // linear_routing: whether LibTorch's C++ linear layers cast each weight once
-  // per region, as Python's nn.Linear does (amp/precision/linear_routing.h); ignored by
-  // True<> regions. A Float8 region runs its linears in float8 through it, so
-  // it must stay on (amp/float8/policy.h).
-  explicit Region(StrictCasts strict_casts = detail::kDefaultStrictCasts,
-                  LinearRouting linear_routing = LinearRouting::kOn)
-      : guard_(/*enabled=*/true, /*cache_enabled=*/std::nullopt, checked_routing(linear_routing)),
-        strict_mode_(strict_casts),
-        strict_(strict_casts, device_type, compute_dtype),
-        routing_mode_(linear_routing) {}
-  explicit Region(LinearRouting linear_routing) : Region(detail::kDefaultStrictCasts, linear_routing) {}
-  explicit Region(const RegionOptions& options) : Region(options.strict_casts(), options.linear_routing()) {
+  // The options (RegionOptions: strict casts, linear routing); a precision
+  // map needs the model to resolve it against (the next constructor).
+  explicit Region(const RegionOptions& options = {}) : Region(options, PrecisionMap::Resolved()) {
     TORCH_CHECK(options.precision_map().empty(),
                 "amp: a Region with a precision map needs the model to resolve it against: Region(options, model)");
   }
@@ -256,7 +245,10 @@ class Region {
       : Region(options, resolved(options, {{"", &model}})) {}
   // With a map already resolved (map.resolve(...); Trainer and Fabric resolve theirs once).
   Region(const RegionOptions& options, PrecisionMap::Resolved table)
-      : Region(options.strict_casts(), options.linear_routing()) {
+      : guard_(/*enabled=*/true, /*cache_enabled=*/std::nullopt, checked_routing(options.linear_routing())),
+        strict_mode_(options.strict_casts()),
+        strict_(options.strict_casts(), device_type, compute_dtype),
+        routing_mode_(options.linear_routing()) {
     if (table != nullptr) {
       detail::check_precision_map<Policy, Device>(options);
       map_.install(std::move(table));

@@ -16,7 +16,7 @@
 // and optimizers (Fabric::save) instead have "amp/models" and
 // "amp/optimizers" (their counts) and "model_<i>", "optimizer_<i>", "amp/lr_<i>"
 // in setup order. User entries (amp/train/user_state.h): "amp/user", "user/<name>".
-// A GradientSync adds its own (GradientSync::write_state; DataParallel's
+// A multi-process sync adds its own (detail::CheckpointParticipant; DataParallel's
 // bucket layout: "amp/data_parallel/", amp/distributed/detail/layout_checkpoint.h).
 #pragma once
 

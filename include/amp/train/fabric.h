@@ -1,11 +1,11 @@
 // amp/train/fabric.h: Fabric<Policy, Device>, several models and optimizers
 // under one policy and one scaler (Lightning Fabric's shape; a GAN's recipe).
 //
-//   amp::Fabric<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA> prec;
-//   prec.setup(gen, opt_g);  prec.setup(disc, opt_d);
-//   opt_d.zero_grad(); prec.backward(prec.forward([&](auto&) { return d_loss(); })); prec.step(opt_d);
-//   opt_g.zero_grad(); prec.backward(prec.forward([&](auto&) { return g_loss(); })); prec.step(opt_g);
-//   prec.update();                          // one scale update per iteration
+//   amp::Fabric<amp::Mixed<amp::fp16, amp::DynamicScaler>, amp::CUDA> fabric;
+//   fabric.setup(gen, opt_g);  fabric.setup(disc, opt_d);
+//   opt_d.zero_grad(); fabric.backward(fabric.forward([&](auto&) { return d_loss(); })); fabric.optimizer_step(opt_d);
+//   opt_g.zero_grad(); fabric.backward(fabric.forward([&](auto&) { return g_loss(); })); fabric.optimizer_step(opt_g);
+//   fabric.update();                        // one scale update per iteration
 //
 // torch's AMP recipe for several optimizers (one GradScaler): each
 // optimizer's gradients are unscaled once per iteration (clipped after, when
@@ -14,7 +14,8 @@
 // inf/NaN. Each optimizer takes the fused, sync-free step where eligible
 // (optim/optimizer_step.h, the part Stepper runs for one optimizer). setup()
 // checks and converts models as Trainer does. save()/load() hold every model,
-// optimizer, the scaler and the counters, atomically.
+// optimizer, the scaler, the counters and the user's entries (user_state()),
+// atomically.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -36,9 +37,11 @@
 #include <vector>
 
 #include "amp/train/checkpoint.h"
+#include "amp/train/detail/checkpoint_extras.h"
 #include "amp/train/detail/evaluation.h"
 #include "amp/train/detail/fp16_pitfalls.h"
 #include "amp/train/detail/model_setup.h"
+#include "amp/train/cross_process.h"
 #include "amp/train/rng_state.h"
 #include "amp/core/device.h"
 #include "amp/optim/optimizer_step.h"
@@ -49,24 +52,19 @@
 #include "amp/scaler/no_scaler.h"
 #include "amp/scaler/static_scaler.h"
 #include "amp/train/stepper.h"
+#include "amp/train/user_state.h"
 #include "amp/precision/strict_casts.h"
 #include "amp/core/rules.h"
 
 namespace amp {
 
 struct FabricOptions {
-  // Each region forward() and evaluate() make: strict casts and linear
-  // routing, as TrainerOptions::region (also spelled below).
+  // Each region forward() and evaluate() make: strict casts, linear routing,
+  // the precision map (as TrainerOptions::region).
   TORCH_ARG(RegionOptions, region) = {};
   // Checkpoints carry the random generators' states and load() restores them
   // (TrainerOptions::rng_state). false: neither.
   TORCH_ARG(bool, rng_state) = true;
-
- public:  // (TORCH_ARG leaves the section private)
-  FabricOptions& strict_casts(StrictCasts value) { return region_.strict_casts(value), *this; }
-  StrictCasts strict_casts() const { return region_.strict_casts(); }
-  FabricOptions& linear_routing(LinearRouting value) { return region_.linear_routing(value), *this; }
-  LinearRouting linear_routing() const { return region_.linear_routing(); }
 };
 
 template <class Policy, class Device>
@@ -111,9 +109,10 @@ class Fabric {
                 "closure-based optimizer (LBFGS) re-evaluates the loss inside its step; train it with amp::Trainer");
     detail::validate(options);
     TORCH_CHECK(options.accumulation_steps() == 1,
-                "amp: Fabric steps an optimizer at each prec.step(opt), so StepOptions::accumulation_steps must be "
-                "1 in setup(), got ",
-                options.accumulation_steps(), "; accumulate by running several backward() calls before prec.step(opt)");
+                "amp: Fabric steps an optimizer at each fabric.optimizer_step(opt), so StepOptions::accumulation_steps "
+                "must be 1 in setup(), got ",
+                options.accumulation_steps(),
+                "; accumulate by running several backward() calls before fabric.optimizer_step(opt)");
     detail::check_optimizer<Policy>(optimizer);
     check_owned(optimizer, *module);
     add_model(module);  // before the optimizer's path is chosen: True<D> converts the parameters
@@ -128,9 +127,8 @@ class Fabric {
   decltype(auto) forward(F&& fn) {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the forward function must take the region: [&](auto& region) { return loss; }");
-    region_type region(options_.region(), precision_table());
     [[maybe_unused]] auto float8 = float8_.bind();
-    return detail::explain_fp16_errors<Policy>([&]() -> decltype(auto) { return fn(region); });
+    return detail::forward<region_type>(options_.region(), precision_table(), fn);
   }
 
   // The scaled loss's backward (scaler.scale(loss).backward()); with a
@@ -146,27 +144,29 @@ class Fabric {
   // That optimizer's part of the iteration: unscale (and clip), then step, or
   // skip when its gradients hold inf/NaN. Once per optimizer per iteration,
   // after a backward().
-  void step(torch::optim::Optimizer& optimizer) {
-    const size_t k = index_of(optimizer, "step");
-    TORCH_CHECK(!stepped_[k], "amp: step(): optimizer ", k,
-                " already stepped in this iteration; call "
-                "prec.update() before stepping it again");
-    TORCH_CHECK(backward_[k], "amp: step() without backward(): no backward() since optimizer ", k,
-                "'s last step; call prec.backward(loss) first");
+  void optimizer_step(torch::optim::Optimizer& optimizer) {
+    const size_t k = index_of(optimizer, "optimizer_step");
+    TORCH_CHECK(!stepped_[k], "amp: optimizer_step(): optimizer ", k,
+                " already stepped in this iteration; call fabric.update() before stepping it again");
+    TORCH_CHECK(backward_[k], "amp: optimizer_step() without backward(): no backward() since optimizer ", k,
+                "'s last step; call fabric.backward(loss) first");
     parts_[k]->run(scaler_);
     stepped_[k] = true;
     backward_[k] = false;
   }
 
   // Ends the iteration: one scale update from every optimizer stepped since
-  // the last update() (backoff once if any saw inf/NaN). Returns the
+  // the last update() (backoff once if any saw inf/NaN), then each scheduler
+  // in user_state() steps once. Returns the
   // iteration's combined found-inf flag (a 0-dim tensor, no host sync;
   // undefined without loss scaling).
   at::Tensor update() {
     TORCH_CHECK(std::find(stepped_.begin(), stepped_.end(), char{1}) != stepped_.end(),
-                "amp: update() without a step() since the last update(); call prec.step(optimizer) first");
+                "amp: update() without an optimizer_step() since the last update(); call "
+                "fabric.optimizer_step(optimizer) first");
     scaler_.update();
     float8_.update(detail::reduce_max_with(sync_));
+    user_state_.step_schedulers();
     std::fill(stepped_.begin(), stepped_.end(), char{0});
     ++steps_;
     if constexpr (scaler_capabilities<scaler_type>::found_inf) return scaler_.found_inf();
@@ -183,8 +183,9 @@ class Fabric {
     return detail::evaluate<region_type>(modules, options_.region(), precision_table(), fn);
   }
 
-  // Every model and optimizer (in setup order), the scaler and the counters,
-  // written atomically. Between iterations (not after a step() before its update()).
+  // Every model and optimizer (in setup order), the scaler, the counters and
+  // user_state(), written atomically. Between iterations (not after an
+  // optimizer_step() before its update()).
   void save(const std::string& path) const {
     check_between_iterations("save");
     torch::serialize::OutputArchive archive = archive_now();
@@ -202,7 +203,7 @@ class Fabric {
   // count's, a truncated or corrupt one; on any failure nothing changes.
   void load(const std::string& path) {
     check_between_iterations("load");
-    TORCH_CHECK(!models_.empty(), "amp: load(): no model is set up; call prec.setup(model, optimizer) first");
+    TORCH_CHECK(!models_.empty(), "amp: load(): no model is set up; call fabric.setup(model, optimizer) first");
     torch::serialize::InputArchive archive =
         detail::open_checkpoint(path, models_.front()->parameters().front().device(), precision_name, "Fabric");
     detail::apply_or_roll_back(
@@ -213,8 +214,8 @@ class Fabric {
   }
 
   // Every model's parameters and buffers (in setup order), named
-  // "<model index>.<parameter name>": for DataParallel(pg, prec.parameters(),
-  // prec.buffers(), options, prec.parameter_names()) and set_gradient_sync.
+  // "<model index>.<parameter name>": for DataParallel(pg, fabric.parameters(),
+  // fabric.buffers(), options, fabric.parameter_names()) and set_gradient_sync.
   std::vector<at::Tensor> parameters() const { return collect(true).first; }
   std::vector<std::string> parameter_names() const { return collect(true).second; }
   std::vector<at::Tensor> buffers() const { return collect(false).first; }
@@ -226,8 +227,11 @@ class Fabric {
   scaler_type& scaler() { return scaler_; }
   const scaler_type& scaler() const { return scaler_; }
   const FabricOptions& options() const { return options_; }
-  // Iterations completed (update() calls), restored by load().
-  int64_t iterations() const { return steps_; }
+  // Training steps completed (update() calls), restored by load().
+  int64_t steps() const { return steps_; }
+  // The user's own checkpoint entries (amp/train/user_state.h): an LR
+  // scheduler (stepped by update()), tensors, integers.
+  UserState& user_state() { return user_state_; }
   size_t num_models() const { return models_.size(); }
   size_t num_optimizers() const { return parts_.size(); }
   // The i-th optimizer set up (setup order).
@@ -254,7 +258,7 @@ class Fabric {
   void add_model(const std::shared_ptr<torch::nn::Module>& module) {
     for (const auto& m : models_)
       if (m.get() == module.get()) return;
-    detail::setup_model<Policy, Device>(*module, "Fabric", "before prec.setup(model)");
+    detail::setup_model<Policy, Device>(*module, "Fabric", "before fabric.setup(model)");
     if constexpr (detail::is_float8_v<Policy>)
       float8::detail::check_device<detail::float8_recipe_t<Policy>>(module->parameters().front().device());
     float8_.track(*module, std::to_string(models_.size()) + ".");  // model i's linears: "<i>.<path>"
@@ -275,19 +279,19 @@ class Fabric {
             std::find(owned.begin(), owned.end(), groups[g].params()[i].unsafeGetTensorImpl()) != owned.end(),
             "amp: setup(): parameter ", i, " of param group ", g,
             " of this optimizer belongs to no model "
-            "that was set up; set up its model first (prec.setup(model)), or pass the model the optimizer trains");
+            "that was set up; set up its model first (fabric.setup(model)), or pass the model the optimizer trains");
   }
 
   size_t index_of(const torch::optim::Optimizer& optimizer, const char* what) const {
     for (size_t k = 0; k < parts_.size(); ++k)
       if (&parts_[k]->optimizer() == &optimizer) return k;
-    TORCH_CHECK(false, "amp: ", what, "(): this optimizer was not set up; call prec.setup(model, optimizer) first");
+    TORCH_CHECK(false, "amp: ", what, "(): this optimizer was not set up; call fabric.setup(model, optimizer) first");
   }
 
   void check_between_iterations(const char* what) const {
     for (size_t k = 0; k < stepped_.size(); ++k)
       TORCH_CHECK(!stepped_[k], "amp: ", what, "() in the middle of an iteration: optimizer ", k,
-                  " stepped and update() has not run; call ", what, "() after prec.update()");
+                  " stepped and update() has not run; call ", what, "() after fabric.update()");
   }
 
   torch::serialize::OutputArchive archive_now() const {
@@ -300,9 +304,7 @@ class Fabric {
     }
     torch::serialize::OutputArchive archive = detail::checkpoint_archive(
         precision_name, detail::CheckpointCounters{steps_, 0, 0}, modules, optimizers, scaler_);
-    float8_.write(archive);
-    detail::write_sync_state(archive, sync_);
-    if (options_.rng_state()) detail::write_rng(archive, sync_);
+    detail::write_extras(archive, float8_, user_state_, sync_, options_.rng_state());
     return archive;
   }
 
@@ -317,13 +319,11 @@ class Fabric {
     std::vector<torch::optim::Optimizer*> optimizers;
     for (const auto& m : models_) modules.push_back(m.get());
     for (const auto& part : parts_) optimizers.push_back(&part->optimizer());
-    std::optional<detail::RngStates> rng;  // checked before anything changes, as the GradientSync's entries
-    if (options_.rng_state()) rng = detail::read_rng(archive, detail::rng_prefix(sync_));
-    const std::function<void()> install_sync = detail::read_sync_state(archive, sync_);
+    // The user's, the GradientSync's and the generators' entries checked before anything changes.
+    const std::function<bool()> install_extras =
+        detail::read_extras(archive, float8_, user_state_, sync_, options_.rng_state());
     steps_ = detail::apply_checkpoint(archive, modules, optimizers, scaler_).step;
-    float8_.read(archive);
-    install_sync();
-    if (rng) detail::restore_rng(*rng);
+    install_extras();
     std::fill(backward_.begin(), backward_.end(), false);
   }
 
@@ -353,6 +353,7 @@ class Fabric {
   GradientSync* sync_ = nullptr;
   int64_t steps_ = 0;
   float8::detail::TrainingState<detail::float8_recipe_t<Policy>> float8_;  // a Float8 recipe's scales and histories
+  UserState user_state_;
 };
 
 }  // namespace amp

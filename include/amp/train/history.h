@@ -15,7 +15,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -37,8 +36,6 @@ struct FitOptions {
   TORCH_ARG(std::string, checkpoint_path) = "";
   // Plain progress lines every N steps when stderr is not a terminal.
   TORCH_ARG(int64_t, log_every) = 50;
-  // This fit()'s progress output on or off; unset: TrainerOptions::progress.
-  TORCH_ARG(std::optional<bool>, progress) = std::nullopt;
 };
 
 // Per-optimizer-step metrics gathered by fit().

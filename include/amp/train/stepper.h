@@ -17,7 +17,6 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -25,13 +24,13 @@
 
 #include "amp/optim/optimizer_step.h"
 #include "amp/core/scaler_concept.h"
-#include "amp/train/rng_state.h"
+#include "amp/train/gradient_sync.h"
 
 namespace amp {
 
 // How each optimizer step is taken: clipping, accumulation, the fused path.
-// The Stepper's options, TrainerOptions::step (its setters spell them too)
-// and, per optimizer, Fabric::setup's.
+// The Stepper's options, TrainerOptions::step and, per optimizer,
+// Fabric::setup's.
 struct StepOptions {
   // Clip the gradients' total norm to this value after unscaling (0 = off),
   // as torch's recipe: scaler.unscale_(opt); clip_grad_norm_(...); scaler.step(opt).
@@ -44,60 +43,7 @@ struct StepOptions {
   TORCH_ARG(bool, fused) = true;
 };
 
-// A hook around the backward pass for training on more than one process
-// (amp/distributed.h implements it with c10d): the Stepper calls
-// begin_backward(boundary) before each micro-batch's backward (boundary:
-// this micro-batch ends an accumulation cycle, so gradients are averaged
-// across processes; otherwise they only accumulate locally, DDP's no_sync),
-// and finish_backward() after the boundary backward, before unscale/clip/step:
-// it waits until every gradient holds the average over all processes. Since
-// every process then unscales and checks the same gradients, they all make
-// the same skip decision and keep the same scale.
-class GradientSync {
- public:
-  virtual ~GradientSync() = default;
-  virtual void begin_backward(bool boundary) = 0;
-  virtual void finish_backward() = 0;
-  // t's elementwise largest over the processes, in place (float8 delayed
-  // scaling's amaxes, once per optimizer step); nothing to do for one process.
-  virtual void reduce_max(at::Tensor& t) { (void)t; }
-  // Checkpoints: the random generators' entries a checkpoint written here
-  // holds (every process's, for several), and the prefix under which this
-  // process finds its own on load (train/rng_state.h).
-  virtual void write_rng(torch::serialize::OutputArchive& archive) const {
-    detail::write_rng(archive, detail::capture_rng(), "amp/rng/");
-  }
-  virtual std::string rng_prefix() const { return "amp/rng/"; }
-  // Checkpoints: entries of its own that a resumed run needs in order to go on
-  // as the uninterrupted one (DataParallel: its rebuilt bucket layout).
-  // read_state() checks the archive's (an amp: error changes nothing) and
-  // returns what installs them, which load() calls once the rest has loaded.
-  virtual void write_state(torch::serialize::OutputArchive& archive) const { (void)archive; }
-  virtual std::function<void()> read_state(torch::serialize::InputArchive& archive) {
-    (void)archive;
-    return [] {};
-  }
-};
-
 namespace detail {
-// This process's generators into a checkpoint (every process's through a GradientSync).
-inline void write_rng(torch::serialize::OutputArchive& archive, const GradientSync* sync) {
-  if (sync != nullptr) {
-    sync->write_rng(archive);
-  } else {
-    write_rng(archive, capture_rng(), "amp/rng/");
-  }
-}
-inline std::string rng_prefix(const GradientSync* sync) { return sync != nullptr ? sync->rng_prefix() : "amp/rng/"; }
-// A GradientSync's own checkpoint entries (none without one); reading
-// checks them and returns what installs them.
-inline void write_sync_state(torch::serialize::OutputArchive& archive, const GradientSync* sync) {
-  if (sync != nullptr) sync->write_state(archive);
-}
-inline std::function<void()> read_sync_state(torch::serialize::InputArchive& archive, GradientSync* sync) {
-  if (sync == nullptr) return [] {};
-  return sync->read_state(archive);
-}
 // T has a Stepper (a Trainer), not a GradientSync of its own (a Fabric).
 template <class T, class = void>
 struct has_stepper : std::false_type {};
@@ -136,14 +82,6 @@ inline void check_loss(const at::Tensor& loss, const char* who, const char* hint
   TORCH_CHECK(loss.requires_grad(), "amp: ", who,
               "the loss does not require grad, so backward() cannot reach the parameters; compute it from ", hint,
               " (not under torch::NoGradGuard or evaluate())");
-}
-
-// A Float8 recipe's reduce_max (amaxes, in place): sync's across the
-// processes, nothing for one process (sync null).
-inline auto reduce_max_with(GradientSync* sync) {
-  return [sync](at::Tensor& t) {
-    if (sync != nullptr) sync->reduce_max(t);
-  };
 }
 
 inline void validate(const StepOptions& o) {

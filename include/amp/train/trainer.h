@@ -30,10 +30,12 @@
 #include <vector>
 
 #include "amp/train/checkpoint.h"
+#include "amp/train/detail/checkpoint_extras.h"
 #include "amp/train/detail/evaluation.h"
 #include "amp/train/detail/fp16_pitfalls.h"
 #include "amp/train/detail/model_setup.h"
 #include "amp/train/detail/progress.h"
+#include "amp/train/cross_process.h"
 #include "amp/train/rng_state.h"
 #include "amp/train/history.h"
 #include "amp/core/device.h"
@@ -136,7 +138,7 @@ class Trainer {
       ~InFit() { flag = false; }
     } in_fit{in_fit_ = true};
     History history;
-    detail::Progress bar(fo.progress().value_or(options_.progress()), fo.max_steps(), precision_name, fo.log_every());
+    detail::Progress bar(options_.progress(), fo.max_steps(), precision_name, fo.log_every());
     bar.note(std::string("optimizer path: ") + optimizer_path());
     if constexpr (detail::is_float8_v<Policy>)
       bar.note(float8::detail::describe(float8::coverage(*module_, precision_table_.get())));
@@ -252,7 +254,7 @@ class Trainer {
   const Stepper<scaler_type>& stepper() const { return stepper_; }
   int64_t steps() const { return stepper_.steps(); }
   // Whether steps take the fused, sync-free optimizer path, and the path in words
-  // (TrainerOptions().fused(false) turns it off).
+  // (StepOptions().fused(false) turns it off).
   bool fused() const { return stepper_.fused(); }
   std::string optimizer_path() const { return stepper_.optimizer_path(); }
   int64_t epoch() const { return epoch_; }
@@ -267,9 +269,8 @@ class Trainer {
   at::Tensor forward(F& fn) {
     static_assert(std::is_invocable_v<F&, region_type&>,
                   "amp: the step function must take the region: [&](auto& region) { return loss; }");
-    region_type region(options_.region(), precision_table_);
     [[maybe_unused]] auto float8 = float8_.bind();
-    return detail::explain_fp16_errors<Policy>([&] { return fn(region); });
+    return detail::forward<region_type>(options_.region(), precision_table_, fn);
   }
 
   StepResult after_step(StepResult r) {
@@ -318,14 +319,9 @@ class Trainer {
     stepper_.sync_optimizer_state();  // the fused path's device step counters, into optimizer.state()
     torch::serialize::OutputArchive archive =
         detail::checkpoint_archive(precision_name, counters(), *module_, stepper_.optimizer(), stepper_.scaler());
-    float8_.write(archive);
-    user_state_.write(archive);
-    detail::write_sync_state(archive, stepper_.gradient_sync());
-    if (options_.rng_state()) {
-      detail::write_rng(archive, stepper_.gradient_sync());
-      if (batch_in_epoch_ > 0 && epoch_start_rng_.defined())
-        archive.write("amp/rng/epoch_start_cpu", epoch_start_rng_, /*is_buffer=*/true);
-    }
+    detail::write_extras(archive, float8_, user_state_, stepper_.gradient_sync(), options_.rng_state());
+    if (options_.rng_state() && batch_in_epoch_ > 0 && epoch_start_rng_.defined())
+      archive.write("amp/rng/epoch_start_cpu", epoch_start_rng_, /*is_buffer=*/true);
     return archive;
   }
 
@@ -341,12 +337,10 @@ class Trainer {
       ~Reload() { s.reload_optimizer_state(); }
     } reload{stepper_};
     // The user's, the GradientSync's and the generators' entries checked before anything changes.
-    const UserState::Pending user = user_state_.check(archive);
-    const std::function<void()> install_sync = detail::read_sync_state(archive, stepper_.gradient_sync());
-    std::optional<detail::RngStates> rng;
+    const std::function<bool()> install_extras =
+        detail::read_extras(archive, float8_, user_state_, stepper_.gradient_sync(), options_.rng_state());
     at::Tensor epoch_start;
     if (options_.rng_state()) {
-      rng = detail::read_rng(archive, detail::rng_prefix(stepper_.gradient_sync()));
       if (archive.try_read("amp/rng/epoch_start_cpu", epoch_start, /*is_buffer=*/true)) {
         TORCH_CHECK(epoch_start.scalar_type() == at::kByte && epoch_start.numel() == detail::cpu_rng_state().numel(),
                     "amp: the checkpoint's random-generator entry 'amp/rng/epoch_start_cpu' is not a CPU generator "
@@ -356,12 +350,9 @@ class Trainer {
     }
     const detail::CheckpointCounters c =
         detail::apply_checkpoint(archive, *module_, stepper_.optimizer(), stepper_.scaler());
-    float8_.read(archive);
-    user.apply();
-    install_sync();
-    if (rng) detail::restore_rng(*rng);
+    const bool restored_rng = install_extras();
     epoch_start_rng_ = epoch_start;
-    resume_rng_ = epoch_start.defined() && rng ? rng->cpu : at::Tensor();
+    resume_rng_ = epoch_start.defined() && restored_rng ? detail::cpu_rng_state() : at::Tensor();
     stepper_.set_steps(c.step);
     epoch_ = c.epoch;
     batch_in_epoch_ = c.batch_in_epoch;

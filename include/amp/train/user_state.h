@@ -1,6 +1,6 @@
 // amp/train/user_state.h: UserState, the user's own entries in a checkpoint
 // (an LR scheduler, named tensors and integers), saved and loaded with the
-// rest, atomically and all or nothing.
+// rest of a Trainer's or a Fabric's checkpoint, atomically and all or nothing.
 //
 //   torch::optim::StepLR lr(optimizer, /*step_size=*/1000, /*gamma=*/0.5);
 //   torch::Tensor ema = ...;  int64_t best_epoch = 0;
@@ -61,9 +61,9 @@ class UserState {
   };
 
  public:
-  // `s`, stepped by the Trainer after each optimizer step (skipped or not, as
-  // Python's loop calls scheduler.step() after scaler.step()); do not step it
-  // yourself as well. It must outlive the Trainer.
+  // `s`, stepped after each optimizer step (skipped or not, as Python's loop
+  // calls scheduler.step() after scaler.step()): by the Trainer, or by
+  // Fabric::update(). Do not step it yourself as well. It must outlive its owner.
   UserState& scheduler(const std::string& name, torch::optim::LRScheduler& s) {
     add(name, Entry{Kind::kScheduler, &s, {}, nullptr});
     return *this;
@@ -75,13 +75,13 @@ class UserState {
     add(name, Entry{Kind::kTensor, nullptr, t, nullptr});
     return *this;
   }
-  // `value`, through the reference: it must outlive the Trainer.
+  // `value`, through the reference: it must outlive its owner.
   UserState& integer(const std::string& name, int64_t& value) {
     add(name, Entry{Kind::kInteger, nullptr, {}, &value});
     return *this;
   }
 
-  // Steps every registered scheduler once (the Trainer calls it after an optimizer step).
+  // Steps every registered scheduler once (after an optimizer step).
   void step_schedulers() {
     for (auto& kv : entries_)
       if (kv.second.kind == Kind::kScheduler) kv.second.scheduler->step();
@@ -117,8 +117,7 @@ class UserState {
     c10::IValue listed;
     const bool has = archive.try_read("amp/user", listed);
     const std::string mine = listing(), theirs = has && listed.isString() ? listed.toStringRef() : std::string();
-    TORCH_CHECK(mine == theirs, "amp: the checkpoint's user state is [", theirs,
-                "] but this trainer's user_state() is [", mine,
+    TORCH_CHECK(mine == theirs, "amp: the checkpoint's user state is [", theirs, "] but user_state() here is [", mine,
                 "]; register the same entries (name and kind) before load()");
     Pending pending;
     for (const auto& kv : entries_) {

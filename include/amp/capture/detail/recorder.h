@@ -86,7 +86,8 @@ template <class Scaler>
 std::string capture_blocker(const Stepper<Scaler>& stepper) {
   if (!stepper.fused())
     return "capture() needs the fused, sync-free optimizer step, and this one takes the " + stepper.optimizer_path() +
-           " path: use torch::optim::Adam, AdamW or SGD with TrainerOptions().fused(true) (the default), on a "
+           " path: use torch::optim::Adam, AdamW or SGD with TrainerOptions().step(StepOptions().fused(true)) (the "
+           "default), on a "
            "LibTorch and device with their fused kernels";
   if (stepper.options().accumulation_steps() != 1)
     return "capture() records one whole optimizer step, but accumulation_steps is " +

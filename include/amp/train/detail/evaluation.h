@@ -1,5 +1,5 @@
-// amp/train/detail/evaluation.h: evaluation under a policy, for Trainer::evaluate
-// and Fabric::evaluate.
+// amp/train/detail/evaluation.h: a forward and an evaluation under a policy's
+// region, for Trainer and Fabric.
 //
 //   auto acc = amp::detail::evaluate<amp::Region<P, amp::CPU>>({model.get()}, amp::RegionOptions(), nullptr,
 //                                                              [&](auto&) { return f(); });
@@ -47,9 +47,16 @@ class EvalMode {
   std::vector<std::pair<torch::nn::Module*, bool>> saved_;  // the modules outlive the evaluation
 };
 
-// fn(region) with the modules in eval mode, no autograd, under Region
-// (autocast for a Mixed policy); returns what fn returns. An fp16 overflow of
-// a scalar is rethrown as amp's explanation (fp16_pitfalls.h).
+// fn(region) under Region (autocast for a Mixed policy), the forward of a
+// Trainer's step and of Fabric::forward; returns what fn returns. An fp16
+// overflow of a scalar is rethrown as amp's explanation (fp16_pitfalls.h).
+template <class Region, class F>
+decltype(auto) forward(const RegionOptions& options, const PrecisionMap::Resolved& table, F& fn) {
+  Region region(options, table);
+  return explain_fp16_errors<typename Region::policy>([&]() -> decltype(auto) { return fn(region); });
+}
+
+// forward() with the modules in eval mode and no autograd.
 template <class Region, class F>
 decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, const RegionOptions& options,
                         const PrecisionMap::Resolved& table, F& fn) {
@@ -57,9 +64,7 @@ decltype(auto) evaluate(const std::vector<torch::nn::Module*>& modules, const Re
                 "amp: the evaluation function must take the region: [&](auto& region) { return metric; }");
   EvalMode eval(modules);
   at::NoGradGuard no_grad;
-  Region region(options, table);
-  // fp16's scalar overflow explained as in step() and forward().
-  return explain_fp16_errors<typename Region::policy>([&]() -> decltype(auto) { return fn(region); });
+  return forward<Region>(options, table, fn);
 }
 
 }  // namespace detail
