@@ -160,9 +160,9 @@ void trainer_run(Log& log, const Data& data, const std::string& name, const OptO
   auto model = make_model(data.device);
   Opt opt(model->parameters(), opt_options);
   amp::Trainer<Policy, Dev> trainer(model, opt, options.progress(false), std::forward<Scaler>(scaler)...);
-  if (trainer.fused() != options.fused())  // the twin runs fused=True or foreach=False to match
+  if (trainer.fused() != options.step().fused())  // the twin runs fused=True or foreach=False to match
     throw std::runtime_error("amp: parity: " + name + " takes " + trainer.optimizer_path() + ", not the " +
-                             (options.fused() ? "fused" : "unfused") + " path its Python twin runs");
+                             (options.step().fused() ? "fused" : "unfused") + " path its Python twin runs");
   constexpr bool scaled = !std::is_same_v<typename Policy::scaler_type, amp::NoScaler>;
   const auto dtype = model->parameters()[0].scalar_type();  // fp32 for Mixed (autocast picks per op)
   for (int i = 0; i < kSteps; ++i) {
@@ -184,9 +184,9 @@ void gan_run(Log& log, const Data& data, const std::string& name, const OptOptio
   auto d = make_discriminator(data.device);
   Opt opt(d->parameters(), opt_options);
   amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, Dev> trainer(d, opt, options.progress(false));
-  if (trainer.fused() != options.fused())
+  if (trainer.fused() != options.step().fused())
     throw std::runtime_error("amp: parity: " + name + " takes " + trainer.optimizer_path() + ", not the " +
-                             (options.fused() ? "fused" : "unfused") + " path its Python twin runs");
+                             (options.step().fused() ? "fused" : "unfused") + " path its Python twin runs");
   for (int i = 0; i < kSteps; ++i) {
     const torch::Tensor real = data.x[i].narrow(0, 0, 64), fake = data.x[i].narrow(0, 64, 64);
     auto r = trainer.step([&](auto&) {

@@ -76,7 +76,7 @@ int casts_per_region(const Case& c, int calls, LinearRouting routing, torch::Dev
   const torch::Tensor x = input(c, device);
   WeightCasts casts(lin->weight);
   {
-    amp::Region<Policy, Device> region(routing);
+    amp::Region<Policy, Device> region(amp::RegionOptions().linear_routing(routing));
     for (int i = 0; i < calls; ++i) (void)lin(x);
   }
   return WeightCasts::count;
@@ -241,7 +241,7 @@ TEST_F(LinearRoutingTest, MultiheadAttentionProjectionsAreRouted) {
     for (const torch::Tensor& w : {mha->in_proj_weight, mha->out_proj->weight}) {
       WeightCasts casts(w);
       {
-        amp::Region<Bf16, amp::CPU> region(routing);
+        amp::Region<Bf16, amp::CPU> region(amp::RegionOptions().linear_routing(routing));
         (void)mha(q, q, q);
         (void)mha(q, q, q);
       }

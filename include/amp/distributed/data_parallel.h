@@ -352,8 +352,10 @@ History fit_sharded(const ProcessGroup& pg, T& trainer, const Range& batches, F&
   const size_t world = static_cast<size_t>(pg.world_size());
   std::vector<Batch> mine;
   for (size_t i = static_cast<size_t>(pg.rank()); i < all.size() / world * world; i += world) mine.push_back(all[i]);
-  fo.progress(fo.progress().value_or(trainer.options().progress()) && pg.rank() == 0);
+  std::optional<detail::QuietProgress> quiet;
+  if (pg.rank() != 0) quiet.emplace();
   History history = trainer.fit(mine, std::forward<F>(fn), std::move(fo));
+  quiet.reset();
   at::Tensor losses = at::empty({static_cast<int64_t>(history.steps.size())}, at::kDouble);
   for (size_t i = 0; i < history.steps.size(); ++i) losses[static_cast<int64_t>(i)] = history.steps[i].loss;
   pg.allreduce_sum(losses, "fit()'s loss average");

@@ -14,10 +14,27 @@
 namespace amp {
 namespace detail {
 
+// While one lives, this thread's progress output is off whatever the
+// options say (fit_sharded's ranks other than 0).
+class QuietProgress {
+ public:
+  QuietProgress() : prev_(quiet()) { quiet() = true; }
+  ~QuietProgress() { quiet() = prev_; }
+  QuietProgress(const QuietProgress&) = delete;
+  QuietProgress& operator=(const QuietProgress&) = delete;
+  static bool& quiet() {
+    static thread_local bool on = false;
+    return on;
+  }
+
+ private:
+  bool prev_;
+};
+
 class Progress {
  public:
   Progress(bool enabled, int64_t total, std::string label, int64_t every = 50)
-      : enabled_(enabled),
+      : enabled_(enabled && !QuietProgress::quiet()),
         tty_(isatty(fileno(stderr)) != 0),
         total_(total),
         every_(every),
