@@ -379,32 +379,36 @@ TEST(Fabric, StepAndUpdateOutOfOrderAreErrorsThatChangeNothing) {
   fabric.setup(g.gen, *g.opt_g);
   fabric.setup(g.disc, *g.opt_d);
   auto d0 = snapshot(*g.disc);
-  // step() without backward().
+  // optimizer_step() without backward().
   EXPECT_THAT(error_of([&] { fabric.optimizer_step(*g.opt_d); }),
-              HasSubstr("amp: step() without backward(): no backward() since optimizer 1's last step; call "
-                        "fabric.backward(loss) first"));
+              HasSubstr("amp: optimizer_step() without backward(): no backward() since optimizer 1's last step; "
+                        "call fabric.backward(loss) first"));
   EXPECT_TRUE(same(snapshot(*g.disc), d0));
-  // update() without a step().
-  EXPECT_THAT(error_of([&] { fabric.update(); }), HasSubstr("amp: update() without a step() since the last update()"));
+  // update() without an optimizer_step().
+  EXPECT_THAT(error_of([&] { fabric.update(); }),
+              HasSubstr("amp: update() without an optimizer_step() since the last update()"));
   EXPECT_EQ(fabric.steps(), 0);
   // An optimizer that was not set up.
   torch::optim::SGD stranger(g.disc->parameters(), torch::optim::SGDOptions(0.1));
-  EXPECT_THAT(error_of([&] { fabric.optimizer_step(stranger); }),
-              HasSubstr("amp: step(): this optimizer was not set up; call fabric.setup(model, optimizer) first"));
-  // A whole iteration, then: update() twice, step() twice, step() after its backward was used.
+  EXPECT_THAT(
+      error_of([&] { fabric.optimizer_step(stranger); }),
+      HasSubstr("amp: optimizer_step(): this optimizer was not set up; call fabric.setup(model, optimizer) first"));
+  // A whole iteration, then: update() twice, optimizer_step() twice, one after its backward was used.
   iteration(fabric, g, 0);
   EXPECT_EQ(fabric.steps(), 1);
-  EXPECT_THAT(error_of([&] { fabric.update(); }), HasSubstr("amp: update() without a step() since the last update()"));
+  EXPECT_THAT(error_of([&] { fabric.update(); }),
+              HasSubstr("amp: update() without an optimizer_step() since the last update()"));
   EXPECT_EQ(fabric.steps(), 1);
   g.opt_d->zero_grad();
   fabric.backward(fabric.forward([&](auto& r) { return g.d_loss(r, 1); }));
   fabric.optimizer_step(*g.opt_d);
   d0 = snapshot(*g.disc);
   EXPECT_THAT(error_of([&] { fabric.optimizer_step(*g.opt_d); }),
-              HasSubstr("amp: step(): optimizer 1 already stepped in this iteration; call fabric.update()"));
+              HasSubstr("amp: optimizer_step(): optimizer 1 already stepped in this iteration; call fabric.update()"));
   EXPECT_TRUE(same(snapshot(*g.disc), d0));
   fabric.update();
-  EXPECT_THAT(error_of([&] { fabric.optimizer_step(*g.opt_d); }), HasSubstr("amp: step() without backward()"));
+  EXPECT_THAT(error_of([&] { fabric.optimizer_step(*g.opt_d); }),
+              HasSubstr("amp: optimizer_step() without backward()"));
   EXPECT_THAT(error_of([&] { fabric.backward(torch::ones({2}, torch::requires_grad())); }),
               HasSubstr("amp: backward(): the loss must have one element"));
   // Training goes on.
