@@ -13,7 +13,8 @@ set -euo pipefail
 readme=$(readlink -f "${1:-README.md}")
 recipes=$(readlink -f "${2:-tests/readme_recipes.sh}")
 recipe() { bash "$recipes" "$readme" "$1"; }
-work=${TEST_TMPDIR:-$(mktemp -d)}
+work=${TEST_TMPDIR:-}
+if [ -z "$work" ]; then work=$(mktemp -d) && trap 'rm -rf "$work"' EXIT; fi
 cd "$work"
 # A user's clone of amp: the tree this README is in (under Bazel, where its
 # runfile links to), less .git and what .gitignore's top-level lines name.
