@@ -134,7 +134,7 @@ def header_self_contained_tests(headers):
         )
 
 def bzlmod_consumer_test(name):
-    """tests/bzlmod_consumer_test.sh, where the Bazel running it has Bzlmod
+    """tests/bzlmod_consumer_test.sh (the README's Bzlmod recipe), where the Bazel running it has Bzlmod
     (Debian 12's and 13's Bazel 4.2.3 have none, Debian 14's 7.7 has; a
     Bazel with Bzlmod knows native.module_name)."""
     if not hasattr(native, "module_name"):
@@ -144,9 +144,9 @@ def bzlmod_consumer_test(name):
         srcs = ["bzlmod_consumer_test.sh"],
         data = [
             "//:MODULE.bazel",
+            "//:README.md",
             "//:amp_headers",
-            "bzlmod_consumer/BUILD.consumer",
-            "bzlmod_consumer/main.cc",
+            "readme_recipes.sh",
         ],
         timeout = "long",  # a whole Bazel build inside the test
         tags = ["local"],
