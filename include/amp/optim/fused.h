@@ -15,19 +15,20 @@
 // found_inf, _foreach_sub_(steps, found_inf); fp32 device step counters; the
 // state in the optimizer's own map, as LibTorch's first step makes it.
 // Requirements and sync rules: docs/fused-step.md; differences from Python:
-// docs/numerics.md; the kernels: optim/detail/fused_ops.h.
+// docs/numerics.md; the kernels: optim/detail/fused_ops.h; the state kept
+// beside LibTorch's (device step counters, entries made): optim/detail/fused_state.h.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
-#include <cstdint>
-#include <unordered_map>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "amp/detail/compat.h"
 #include "amp/optim/detail/fused_ops.h"
+#include "amp/optim/detail/fused_state.h"
 
 namespace amp {
 namespace detail {
@@ -88,19 +89,14 @@ class FusedStep {
     // Everything is checked and gathered before the first kernel runs, so
     // that an error leaves the parameters as they were.
     std::vector<std::vector<detail::fused::Call>> calls(optimizer_->param_groups().size());
-    made_.clear();
+    states_.keep_made();
     try {
       for (size_t g = 0; g < calls.size(); ++g) gather(g, found_inf.defined(), calls[g]);
     } catch (...) {
-      // No kernel has run: take back the state entries made for this step.
-      for (const auto& made : made_) {
-        optimizer_->state().erase(made.second);
-        records_.erase(made.first);
-      }
-      made_.clear();
+      states_.take_back_made(*optimizer_);  // no kernel has run
       throw;
     }
-    made_.clear();
+    states_.keep_made();
     detail::fused::StepFlags flags(grad_scale, found_inf);
     for (size_t g = 0; g < calls.size(); ++g) {
       const torch::optim::OptimizerOptions& options = optimizer_->param_groups()[g].options();
@@ -122,21 +118,11 @@ class FusedStep {
   // sync). Afterwards optimizer.state() is what LibTorch's own steps would
   // have made (skipped steps not counted), ready for optimizer.save().
   void sync_optimizer_state() {
-    auto& state = optimizer_->state();
-    // Drop records whose state entry is gone or was replaced: the entry is
-    // authoritative then.
-    for (auto it = records_.begin(); it != records_.end();) {
-      auto entry = state.find(it->second.key);
-      if (entry == state.end() || entry->second.get() != it->second.state) {
-        it = records_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    states_.drop_replaced(*optimizer_);
     // One flat fp32 tensor per device: Adam's counters, SGD's pending flags.
     std::vector<std::pair<c10::Device, std::vector<c10::TensorImpl*>>> owners;
     std::vector<std::vector<at::Tensor>> values;
-    for (auto& r : records_) {
+    for (auto& r : states_.records()) {
       const at::Tensor& value = kind_ == FusedKind::kSgd ? r.second.pending : r.second.step;
       if (!value.defined()) continue;
       size_t d = 0;
@@ -159,7 +145,7 @@ class FusedStep {
   // state anew at the next step (Adam: counters from step()). For after
   // optimizer.load(); what was not synced is lost. Ends make_static().
   void reload_optimizer_state() {
-    records_.clear();
+    states_.records().clear();
     static_ = false;
   }
 
@@ -181,9 +167,9 @@ class FusedStep {
     at::NoGradGuard no_grad;
     std::vector<detail::fused::Call> calls;
     for (size_t g = 0; g < optimizer_->param_groups().size(); ++g) gather(g, /*has_found_inf=*/true, calls);
-    made_.clear();
+    states_.keep_made();
     if (kind_ == FusedKind::kSgd) {
-      for (auto& r : records_)
+      for (auto& r : states_.records())
         if (r.second.made_here && !r.second.pending.defined()) {
           const at::Tensor& buf = static_cast<torch::optim::SGDParamState*>(r.second.state)->momentum_buffer();
           r.second.pending = at::zeros({}, buf.options().dtype(at::kFloat));
@@ -196,8 +182,8 @@ class FusedStep {
   // The float32 device step counter of `param` (Adam, AdamW), undefined before
   // its first fused step or after reload_optimizer_state().
   at::Tensor step_count(const at::Tensor& param) const {
-    auto it = records_.find(param.unsafeGetTensorImpl());
-    return it == records_.end() ? at::Tensor() : it->second.step;
+    auto it = states_.records().find(param.unsafeGetTensorImpl());
+    return it == states_.records().end() ? at::Tensor() : it->second.step;
   }
 
  private:
@@ -221,17 +207,6 @@ class FusedStep {
     detail::fused::check_param_layout(p, grad, g, i);
   }
 
-  // The record of p's state entry; `entry` is the entry now in the map.
-  Record& record_for(const at::Tensor& p, torch::optim::OptimizerParamState* entry) {
-    Record& r = records_[p.unsafeGetTensorImpl()];
-    if (r.state != entry) {
-      r = Record{};
-      r.key = detail::fused::state_key(p);
-      r.state = entry;
-    }
-    return r;
-  }
-
   // Finds or makes the state of every parameter with a gradient in group g
   // and sorts them into kernel calls.
   void gather(size_t g, bool has_found_inf, std::vector<detail::fused::Call>& calls) {
@@ -244,110 +219,25 @@ class FusedStep {
       check_param(p, grad, g, i);
       switch (kind_) {
         case FusedKind::kAdam:
-          gather_adam<torch::optim::AdamParamState>(
-              p, grad, static_cast<const torch::optim::AdamOptions&>(group.options()).amsgrad(), g, i, calls);
+          states_.gather_adam<torch::optim::AdamParamState>(
+              *optimizer_, kind_, p, grad, static_cast<const torch::optim::AdamOptions&>(group.options()).amsgrad(), g,
+              i, calls);
           break;
         case FusedKind::kAdamW:
-          gather_adam<torch::optim::AdamWParamState>(
-              p, grad, static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad(), g, i, calls);
+          states_.gather_adam<torch::optim::AdamWParamState>(
+              *optimizer_, kind_, p, grad, static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad(), g,
+              i, calls);
           break;
         case FusedKind::kSgd:
-          gather_sgd(p, grad, static_cast<const torch::optim::SGDOptions&>(group.options()).momentum() != 0.0,
-                     has_found_inf, g, i, calls);
+          states_.gather_sgd(*optimizer_, p, grad,
+                             static_cast<const torch::optim::SGDOptions&>(group.options()).momentum() != 0.0,
+                             has_found_inf, g, i, calls);
           break;
         case FusedKind::kNone:
         case FusedKind::kOptimizer:
           break;
       }
     }
-  }
-
-  template <class State>
-  void gather_adam(const at::Tensor& p, const at::Tensor& grad, bool amsgrad, size_t g, size_t i,
-                   std::vector<detail::fused::Call>& calls) {
-    auto& map = optimizer_->state();
-    auto entry = map.find(detail::fused::state_key(p));
-    State* state = nullptr;
-    bool made = false;
-    if (entry == map.end()) {
-      // adam.cpp / adamw.cpp's state initialization.
-      auto fresh = std::make_unique<State>();
-      fresh->step(0);
-      fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-      fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-      if (amsgrad) fresh->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-      state = fresh.get();
-      map[detail::fused::state_key(p)] = std::move(fresh);
-      made_.emplace_back(p.unsafeGetTensorImpl(), detail::fused::state_key(p));
-      made = true;
-    } else {
-      state = dynamic_cast<State*>(entry->second.get());
-      TORCH_CHECK(state != nullptr, "amp: FusedStep: the optimizer's state of parameter ", i, " of param group ", g,
-                  " is not a ", detail::fused_kind_name(kind_), " state");
-    }
-    Record& r = record_for(p, state);
-    if (made) {
-      r.made_here = true;
-      r.host_step = 0;
-      r.step = at::scalar_tensor(0.0, p.options().dtype(at::kFloat));
-    } else if (!r.step.defined() || r.host_step != state->step()) {
-      // New to FusedStep, loaded, or stepped by someone else: the entry's step() counts.
-      r.host_step = state->step();
-      r.step = at::scalar_tensor(static_cast<double>(state->step()), p.options().dtype(at::kFloat));
-    }
-    detail::fused::check_state_tensor(state->exp_avg(), p, "exp_avg", g, i);
-    detail::fused::check_state_tensor(state->exp_avg_sq(), p, "exp_avg_sq", g, i);
-    if (amsgrad) detail::fused::check_state_tensor(state->max_exp_avg_sq(), p, "max_exp_avg_sq", g, i);
-    detail::fused::Call& call = detail::fused::call_for(calls, p);
-    call.params.push_back(p);
-    call.grads.push_back(grad);
-    call.exp_avgs.push_back(state->exp_avg());
-    call.exp_avg_sqs.push_back(state->exp_avg_sq());
-    if (amsgrad) call.max_exp_avg_sqs.push_back(state->max_exp_avg_sq());
-    call.steps.push_back(r.step);
-    call.impls.push_back(p.unsafeGetTensorImpl());
-  }
-
-  void gather_sgd(const at::Tensor& p, const at::Tensor& grad, bool momentum, bool has_found_inf, size_t g, size_t i,
-                  std::vector<detail::fused::Call>& calls) {
-    if (!momentum) {
-      // No state: LibTorch's SGD keeps none without momentum.
-      detail::fused::Call& call = detail::fused::call_for(calls, p);
-      call.params.push_back(p);
-      call.grads.push_back(grad);
-      return;
-    }
-    auto& map = optimizer_->state();
-    auto entry = map.find(detail::fused::state_key(p));
-    torch::optim::SGDParamState* state = nullptr;
-    int first_step = 0;
-    at::Tensor pending;
-    if (entry == map.end()) {
-      // sgd.cpp: buf = clone(d_p) on the first step; the kernel writes d_p into it.
-      auto fresh = std::make_unique<torch::optim::SGDParamState>();
-      fresh->momentum_buffer(at::zeros_like(grad, at::MemoryFormat::Preserve));
-      state = fresh.get();
-      map[detail::fused::state_key(p)] = std::move(fresh);
-      made_.emplace_back(p.unsafeGetTensorImpl(), detail::fused::state_key(p));
-      Record& r = record_for(p, state);
-      r.made_here = has_found_inf;  // without found_inf the first step surely runs
-      first_step = 1;
-    } else {
-      state = dynamic_cast<torch::optim::SGDParamState*>(entry->second.get());
-      TORCH_CHECK(state != nullptr, "amp: FusedStep: the optimizer's state of parameter ", i, " of param group ", g,
-                  " is not an SGD state");
-      Record& r = record_for(p, state);
-      if (r.pending.defined()) {
-        first_step = 2;
-        pending = r.pending;
-      }
-    }
-    detail::fused::check_state_tensor(state->momentum_buffer(), p, "momentum_buffer", g, i);
-    detail::fused::Call& call = detail::fused::call_for(calls, p, first_step, pending);
-    call.params.push_back(p);
-    call.grads.push_back(grad);
-    call.bufs.push_back(state->momentum_buffer());
-    call.impls.push_back(p.unsafeGetTensorImpl());
   }
 
   void run_adam(const detail::fused::AdamHyper& h, detail::fused::Call& call, detail::fused::StepFlags& flags) {
@@ -360,7 +250,7 @@ class FusedStep {
       at::_foreach_sub_(call.steps, std::vector<at::Tensor>(call.steps.size(), *found));
     } else {
       // The step surely ran.
-      for (c10::TensorImpl* impl : call.impls) records_[impl].made_here = false;
+      for (c10::TensorImpl* impl : call.impls) states_.records()[impl].made_here = false;
     }
   }
 
@@ -396,7 +286,7 @@ class FusedStep {
       if (found || static_) ran = done;  // else the step surely ran: back to one kernel call
     }
     for (c10::TensorImpl* impl : call.impls) {
-      Record& r = records_[impl];
+      Record& r = states_.records()[impl];
       r.pending = ran;  // undefined without found_inf: the first step ran
       if (!ran.defined()) r.made_here = false;
     }
@@ -404,18 +294,16 @@ class FusedStep {
 
   // Applies one synced value (detail::fused::settle).
   void settle(c10::TensorImpl* impl, float value) {
-    auto it = records_.find(impl);
-    if (!detail::fused::settle(kind_, static_, it->second, value, optimizer_->state())) records_.erase(it);
+    auto it = states_.records().find(impl);
+    if (!detail::fused::settle(kind_, static_, it->second, value, optimizer_->state())) states_.records().erase(it);
   }
 
   torch::optim::Optimizer* optimizer_;
   FusedKind kind_ = FusedKind::kNone;
   std::vector<c10::DeviceType> devices_;  // devices checked by detail::fused_kind's rules
   SupportsAmpScaling* own_ = nullptr;     // kOptimizer: the optimizer's own step_scaled()
-  std::unordered_map<c10::TensorImpl*, Record> records_;
-  std::vector<std::pair<c10::TensorImpl*, detail::compat::OptimStateKey>>
-      made_;             // entries made by the step in progress
-  bool static_ = false;  // make_static(): no state tensor is made, replaced or dropped
+  detail::fused::ParamStates states_;     // the Records, the entries the step in progress made
+  bool static_ = false;                   // make_static(): no state tensor is made, replaced or dropped
 };
 
 }  // namespace amp

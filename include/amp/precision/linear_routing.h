@@ -52,6 +52,7 @@
 #include <cstdint>
 
 #include "amp/detail/compat_ops.h"
+#include "amp/detail/thread_state_guard.h"
 #include "amp/precision/detail/autocast_tls.h"
 
 namespace amp {
@@ -233,29 +234,27 @@ inline void register_bias_cast_kernel() {
 class LinearRoutingGuard {
  public:
   LinearRoutingGuard(LinearRouting mode, c10::DeviceType device)
-      : prev_(linear_routing_state()), prev_included_(c10::impl::tls_is_dispatch_key_included(kLinearRoutingKey)) {
-    const bool on = mode == LinearRouting::kOn;
-    if (on) register_linear_routing_kernels();
-    LinearRoutingState& s = linear_routing_state();
-    s.on = on;
-    s.device = device;
-    c10::impl::tls_set_dispatch_key_included(kLinearRoutingKey, on);
-  }
-  ~LinearRoutingGuard() {
-    c10::impl::tls_set_dispatch_key_included(kLinearRoutingKey, prev_included_);
-    linear_routing_state().on = prev_.on;
-    linear_routing_state().device = prev_.device;
-    linear_routing_state().mapped = prev_.mapped;
-    linear_routing_state().bias_pending = nullptr;
-  }
-  LinearRoutingGuard(const LinearRoutingGuard&) = delete;
-  LinearRoutingGuard& operator=(const LinearRoutingGuard&) = delete;
-  LinearRoutingGuard(LinearRoutingGuard&&) = delete;
-  LinearRoutingGuard& operator=(LinearRoutingGuard&&) = delete;
+      : guard_(linear_routing_state(), routed(mode, device), mode == LinearRouting::kOn) {}
 
  private:
-  LinearRoutingState prev_;
-  bool prev_included_;
+  // The state with `on` and `device` set; fn, mapped and bias_pending as they are.
+  static LinearRoutingState routed(LinearRouting mode, c10::DeviceType device) {
+    if (mode == LinearRouting::kOn) register_linear_routing_kernels();
+    LinearRoutingState s = linear_routing_state();
+    s.on = mode == LinearRouting::kOn;
+    s.device = device;
+    return s;
+  }
+  // fn stays as set (LinearFnGuard restores it); a pending bias is the inner scope's.
+  struct Restore {
+    void operator()(LinearRoutingState& now, const LinearRoutingState& prev) const {
+      now.on = prev.on;
+      now.device = prev.device;
+      now.mapped = prev.mapped;
+      now.bias_pending = nullptr;
+    }
+  };
+  ThreadStateGuard<LinearRoutingState, kLinearRoutingKey, Restore> guard_;
 };
 
 // Whether this thread's linears are routed now.

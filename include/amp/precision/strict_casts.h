@@ -38,6 +38,7 @@
 #include <utility>
 
 #include "amp/detail/compat_ops.h"
+#include "amp/detail/thread_state_guard.h"
 #include "amp/precision/detail/autocast_tls.h"
 #include "amp/core/dtype.h"
 
@@ -184,23 +185,14 @@ inline void register_strict_casts_kernels() {
 class StrictCastsGuard {
  public:
   StrictCastsGuard(StrictCasts mode, c10::DeviceType device, c10::ScalarType compute)
-      : prev_(strict_casts_state()), prev_included_(c10::impl::tls_is_dispatch_key_included(kStrictCastsKey)) {
-    if (mode != StrictCasts::kOff) register_strict_casts_kernels();
-    strict_casts_state() = StrictCastsState{mode, device, compute};
-    c10::impl::tls_set_dispatch_key_included(kStrictCastsKey, mode != StrictCasts::kOff);
-  }
-  ~StrictCastsGuard() {
-    c10::impl::tls_set_dispatch_key_included(kStrictCastsKey, prev_included_);
-    strict_casts_state() = prev_;
-  }
-  StrictCastsGuard(const StrictCastsGuard&) = delete;
-  StrictCastsGuard& operator=(const StrictCastsGuard&) = delete;
-  StrictCastsGuard(StrictCastsGuard&&) = delete;
-  StrictCastsGuard& operator=(StrictCastsGuard&&) = delete;
+      : guard_(strict_casts_state(), checked(mode, device, compute), mode != StrictCasts::kOff) {}
 
  private:
-  StrictCastsState prev_;
-  bool prev_included_;
+  static StrictCastsState checked(StrictCasts mode, c10::DeviceType device, c10::ScalarType compute) {
+    if (mode != StrictCasts::kOff) register_strict_casts_kernels();
+    return StrictCastsState{mode, device, compute};
+  }
+  ThreadStateGuard<StrictCastsState, kStrictCastsKey> guard_;
 };
 
 // Whether strict casts are checking this thread's casts now, and how.

@@ -32,13 +32,10 @@
 #include <torch/optim/sgd.h>
 
 #include <cstddef>
-#include <cstdint>
-#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <typeinfo>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -275,48 +272,6 @@ inline void check_state_tensor(const at::Tensor& t, const at::Tensor& p, const c
   TORCH_CHECK(same_layout(t, p), "amp: FusedStep: the optimizer state's ", name, " of parameter ", i,
               " of param group ", g, " is ", (t.defined() ? "not laid out as the parameter" : "undefined"),
               "; the fused kernels need the same dtype, device, sizes and strides");
-}
-
-// What FusedStep keeps about one parameter's state entry.
-struct Record {
-  compat::OptimStateKey key;
-  torch::optim::OptimizerParamState* state = nullptr;  // the entry it was read from or made as
-  int64_t host_step = 0;                               // Adam: the entry's step() when `step` was read or written
-  at::Tensor step;                                     // Adam: float32 counter on the parameter's device
-  bool made_here = false;  // the entry was made by FusedStep and no step of it is known to have run
-  at::Tensor pending;      // SGD: the buffer's flag while unknown whether its first step ran
-};
-
-// Applies one synced value, Adam's step counter or SGD's "first step ran"
-// flag, to record `r` and its entry in the optimizer's `state` map. Returns
-// false when the record is to be dropped: its entry was made by steps that
-// were all skipped, so it is erased, as if never made (kept when `is_static`:
-// a graph may still write it).
-template <class StateMap>
-bool settle(FusedKind kind, bool is_static, Record& r, float value, StateMap& state) {
-  if (kind == FusedKind::kSgd) {
-    if (value != 0.f) {
-      r.made_here = false;
-      if (!is_static) r.pending = at::Tensor();  // static: the flag tensor stays, a graph rereads it
-      return true;
-    }
-    if (is_static) return true;
-    if (r.made_here) state.erase(r.key);
-    return false;
-  }
-  const auto step = static_cast<int64_t>(value);
-  if (r.made_here && step == 0 && !is_static) {
-    state.erase(r.key);
-    return false;
-  }
-  if (kind == FusedKind::kAdam) {
-    static_cast<torch::optim::AdamParamState*>(r.state)->step(step);
-  } else {
-    static_cast<torch::optim::AdamWParamState*>(r.state)->step(step);
-  }
-  r.host_step = step;
-  r.made_here = r.made_here && step == 0;
-  return true;
 }
 
 }  // namespace fused

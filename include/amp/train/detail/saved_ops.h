@@ -54,6 +54,8 @@
 #include <utility>
 #include <vector>
 
+#include "amp/detail/thread_state_guard.h"
+
 namespace amp {
 namespace detail {
 
@@ -206,16 +208,14 @@ inline void register_saved_op_kernels() {
 // (either may be null) until the scope dies; the enclosing scopes come back after.
 class SavedOpsScope {
  public:
-  SavedOpsScope(SavedOps* saving, SavedOps* replaying) : prev_(saved_ops_state()) {
-    if (saving != nullptr || replaying != nullptr) register_saved_op_kernels();
-    saved_ops_state() = SavedOpsState{saving, replaying};
-  }
-  ~SavedOpsScope() { saved_ops_state() = prev_; }
-  SavedOpsScope(const SavedOpsScope&) = delete;
-  SavedOpsScope& operator=(const SavedOpsScope&) = delete;
+  SavedOpsScope(SavedOps* saving, SavedOps* replaying) : guard_(saved_ops_state(), scoped(saving, replaying)) {}
 
  private:
-  SavedOpsState prev_;
+  static SavedOpsState scoped(SavedOps* saving, SavedOps* replaying) {
+    if (saving != nullptr || replaying != nullptr) register_saved_op_kernels();
+    return SavedOpsState{saving, replaying};
+  }
+  ThreadStateGuard<SavedOpsState> guard_;  // no key: the kernels sit on ADInplaceOrView
 };
 
 }  // namespace detail
