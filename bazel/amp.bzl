@@ -133,15 +133,15 @@ def header_self_contained_tests(headers):
             data = [":amp_headers", "@libtorch//:compile_flags.txt", "//tools:pch/aten_pch.h", "//tools:pch/aten_pch.h.gch"],
         )
 
-def bzlmod_consumer_test(name):
-    """tests/bzlmod_consumer_test.sh (the README's Bzlmod recipe), where the Bazel running it has Bzlmod
-    (Debian 12's and 13's Bazel 4.2.3 have none, Debian 14's 7.7 has; a
-    Bazel with Bzlmod knows native.module_name)."""
-    if not hasattr(native, "module_name"):
-        return
+def bazel_consumer_test(name):
+    """tests/bazel_consumer_test.sh: the README's Bazel recipe, with Bzlmod
+    where the Bazel running it has it (Debian 14's 7.7; a Bazel with Bzlmod
+    knows native.module_name), with a WORKSPACE otherwise (Debian 12's and
+    13's 4.2.3)."""
     native.sh_test(
         name = name,
-        srcs = ["bzlmod_consumer_test.sh"],
+        srcs = ["bazel_consumer_test.sh"],
+        args = ["--bzlmod" if hasattr(native, "module_name") else "--workspace"],
         data = [
             "//:MODULE.bazel",
             "//:README.md",

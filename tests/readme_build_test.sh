@@ -6,7 +6,7 @@
 # its progress and write its checkpoint. Only paths and the standard change:
 # amp's checkout is ./amp as in the README, /opt/amp is a temporary prefix,
 # -std=c++17 becomes -std=c++20 from the LibTorch the README names. Bazel's recipe:
-# tests/bzlmod_consumer_test.sh. LIBTORCH_PREFIX: a downloaded LibTorch (the
+# tests/bazel_consumer_test.sh. LIBTORCH_PREFIX: a downloaded LibTorch (the
 # README's $TORCH flags are added to the compiler line).
 #   readme_build_test.sh [README.md [tests/readme_recipes.sh]]
 set -euo pipefail

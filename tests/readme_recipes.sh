@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints one build recipe as README.md gives it, for the tests that run them
-# (tests/readme_build_test.sh, tests/bzlmod_consumer_test.sh):
+# (tests/readme_build_test.sh, tests/bazel_consumer_test.sh):
 #   readme_recipes.sh README.md NAME
 # NAME: app (the C++ block of "## The Trainer in 10 lines"), and from "## Use amp
 # in your project": cmake-install (the install command line), cmake (the
