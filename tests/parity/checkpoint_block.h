@@ -1,7 +1,7 @@
 // tests/parity/checkpoint_block.h: what the two checkpointing parity programs
 // (checkpoint_parity.cc, selective_checkpoint_parity.cc) build alike: the
-// sizes, the initialization the twins repeat (init() in their .py files) and
-// the pre-LN transformer block with dropout that they checkpoint.
+// sizes and the pre-LN transformer block with dropout that they checkpoint
+// (its weights: parity_io.h's init()).
 #pragma once
 
 #include <torch/torch.h>
@@ -14,18 +14,6 @@ namespace amp_parity {
 namespace checkpoint_block {
 
 constexpr int64_t kB = 4, kT = 8, kD = 32, kV = 16;
-
-// Weights drawn after manual_seed(0) in parameter order: LayerNorm weights
-// 1 + 0.05 randn, everything else 0.05 randn (as the twin's init()).
-void init(torch::nn::Module& m) {
-  torch::manual_seed(0);
-  torch::NoGradGuard no_grad;
-  for (auto& p : m.named_parameters()) {
-    const bool norm = p.key().find("ln") != std::string::npos && p.key().size() > 6 &&
-                      p.key().compare(p.key().size() - 6, 6, "weight") == 0;
-    p.value().copy_(torch::randn(p.value().sizes()) * 0.05 + (norm ? 1.0 : 0.0));
-  }
-}
 
 struct BlockImpl : torch::nn::Module {
   BlockImpl()

@@ -26,9 +26,10 @@
 namespace {
 
 constexpr int kSteps = 100;
-using namespace amp_parity::checkpoint_block;  // kB, kT, kD, kV, init, Block
+using namespace amp_parity::checkpoint_block;  // kB, kT, kD, kV, Block
 constexpr int64_t kBlocks = 2;
 using amp_parity::bits;
+using amp_parity::init;
 using amp_parity::save;
 
 // x: [B*T, D] -> logits [B*T, V]; every block checkpointed.

@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.utils.checkpoint
 
-from parity_io import bits, first_difference, read_steps  # noqa: E402
+from parity_io import bits, first_difference, init, read_steps  # noqa: E402
 
 STEPS = 100
 B, T, D, V, BLOCKS = 4, 8, 32, 16, 2
@@ -58,15 +58,6 @@ class Net(torch.nn.Module):
             else:
                 x = block(x)
         return self.head(self.ln_f(x))
-
-
-def init(model):
-    """As the C++ half's init(): LayerNorm weights 1 + 0.05 randn, the rest 0.05 randn."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            norm = "ln" in name and name.endswith("weight")
-            p.copy_(torch.randn(p.shape) * 0.05 + (1.0 if norm else 0.0))
 
 
 def run(checkpointed, preserve_rng_state=True):

@@ -30,6 +30,18 @@ inline torch::nn::Sequential make_mlp() {
   return m;
 }
 
+// The transformer twins' init(): after manual_seed(0), in parameter order,
+// LayerNorm weights ("ln...weight") 1 + 0.05 randn, everything else 0.05 randn.
+inline void init(torch::nn::Module& m) {
+  torch::manual_seed(0);
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.named_parameters()) {
+    const bool norm = p.key().find("ln") != std::string::npos && p.key().size() > 6 &&
+                      p.key().compare(p.key().size() - 6, 6, "weight") == 0;
+    p.value().copy_(torch::randn(p.value().sizes()) * 0.05 + (norm ? 1.0 : 0.0));
+  }
+}
+
 // Tensors as a list that Python's torch.load reads.
 inline void save(const std::string& path, const std::vector<torch::Tensor>& tensors) {
   c10::List<torch::Tensor> list;

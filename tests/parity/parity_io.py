@@ -22,6 +22,16 @@ def make_mlp(seed=0, hidden=128, out=10):
     return m
 
 
+def init(model):
+    """The transformer twins' weights, as parity_io.h's init(): after manual_seed(0), in parameter
+    order, LayerNorm weights 1 + 0.05 randn, the rest 0.05 randn."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            norm = "ln" in name and name.endswith("weight")
+            p.copy_(torch.randn(p.shape) * 0.05 + (1.0 if norm else 0.0))
+
+
 def backward_and_step(loss, opt, scaler):
     """torch.amp's recipe after the forward: scaled backward, step, update
     (plain backward and step without a scaler); returns the scale after it."""

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from parity_io import backward_and_step, bits, first_difference, read_steps  # noqa: E402
+from parity_io import backward_and_step, bits, first_difference, init, read_steps  # noqa: E402
 
 STEPS = 100
 B, T, D, V = 4, 8, 32, 16
@@ -74,15 +74,6 @@ class MemberNet(torch.nn.Module):
 
     def map(self):
         self.block = Fp32(self.block)
-
-
-def init(model):
-    """As the C++ half's init(): LayerNorm weights 1 + 0.05 randn, the rest 0.05 randn."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            norm = "ln" in name and name.endswith("weight")
-            p.copy_(torch.randn(p.shape) * 0.05 + (1.0 if norm else 0.0))
 
 
 def runs():

@@ -32,8 +32,9 @@
 namespace {
 
 constexpr int kSteps = 100;
-using namespace amp_parity::checkpoint_block;  // kB, kT, kD, kV, init, Block
+using namespace amp_parity::checkpoint_block;  // kB, kT, kD, kV, Block
 using amp_parity::bits;
+using amp_parity::init;
 using amp_parity::save;
 
 enum class Mode { kNone, kFull, kSelective };
