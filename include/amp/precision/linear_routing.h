@@ -4,8 +4,8 @@
 //
 //   amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> region;    // routing on (the default)
 //   auto loss = d(real).mean() + d(fake).mean();   // d's weights cast to bf16 once, as in Python
-//   amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>
-//   off(amp::RegionOptions().linear_routing(amp::LinearRouting::kOff));  // LibTorch's own
+//   amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> off(
+//       amp::RegionOptions().linear_routing(amp::LinearRouting::kOff));   // LibTorch's own linears
 //
 // Why: torch::nn::functional::linear (the same in 1.13's and 2.14's headers) computes
 // torch::addmm(bias, x, weight.t()) for 2-D input with a bias and

@@ -2,10 +2,10 @@
 // fp16/bf16 casts (x.to(torch::kHalf), x.to(torch::kBFloat16), x.to(other))
 // inside a mixed region, where no type system can see them.
 //
-//   amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>
-//   region(amp::RegionOptions().strict_casts(amp::StrictCasts::kThrow)); auto y = model->forward(x);          // fine:
-//   autocast's own casts are never flagged auto h = x.to(torch::kBFloat16);     // throws c10::Error "amp: manual cast
-//   to BFloat16 ..."
+//   using R = amp::Region<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU>;
+//   R region(amp::RegionOptions().strict_casts(amp::StrictCasts::kThrow));
+//   auto y = model->forward(x);          // fine: autocast's own casts are never flagged
+//   auto h = x.to(torch::kBFloat16);     // throws c10::Error "amp: manual cast to BFloat16 ..."
 //
 // Why: a hand-written 16-bit cast inside a Mixed region fights autocast (it
 // narrows what autocast keeps in fp32, or mixes fp16 and bf16). While a strict
