@@ -340,13 +340,11 @@ class Trainer {
     const std::function<bool()> install_extras =
         detail::read_extras(archive, float8_, user_state_, stepper_.gradient_sync(), options_.rng_state());
     at::Tensor epoch_start;
-    if (options_.rng_state()) {
-      if (archive.try_read("amp/rng/epoch_start_cpu", epoch_start, /*is_buffer=*/true)) {
-        TORCH_CHECK(epoch_start.scalar_type() == at::kByte && epoch_start.numel() == detail::cpu_rng_state().numel(),
-                    "amp: the checkpoint's random-generator entry 'amp/rng/epoch_start_cpu' is not a CPU generator "
-                    "state of this LibTorch; turn the entry off (TrainerOptions().rng_state(false)) to load the rest");
-        epoch_start = epoch_start.to(at::kCPU).contiguous();
-      }
+    if (options_.rng_state() && archive.try_read("amp/rng/epoch_start_cpu", epoch_start, /*is_buffer=*/true)) {
+      TORCH_CHECK(epoch_start.scalar_type() == at::kByte && epoch_start.numel() == detail::cpu_rng_state().numel(),
+                  "amp: the checkpoint's random-generator entry 'amp/rng/epoch_start_cpu' is not a CPU generator "
+                  "state of this LibTorch; turn the entry off (TrainerOptions().rng_state(false)) to load the rest");
+      epoch_start = epoch_start.to(at::kCPU).contiguous();
     }
     const detail::CheckpointCounters c =
         detail::apply_checkpoint(archive, *module_, stepper_.optimizer(), stepper_.scaler());
