@@ -1,6 +1,7 @@
 """Build macros shared by tests, examples and benchmarks."""
 
 load("@libtorch//:version.bzl", "CXX_STD")
+load("//bazel:compile_check.bzl", "compile_check")
 
 # Our own headers are included with -I (warnings on); LibTorch, gtest and
 # Boost are -isystem, so -Werror applies to amp's code only. The standard is
@@ -85,19 +86,17 @@ def amp_cc_benchmark(name, srcs, deps = [], copts = [], tags = [], **kw):
 
 def compile_check_test(name, script, args, data, size = "small"):
     """A check that only compiles, split so that no test timeout covers the
-    compiler: a build action runs `script args` and records its output and
-    verdict (exit status 0 or 1; the script exits 1 when the check fails); the
-    test reports that record and fails with the check's status. On a loaded
-    machine the compiles are slower, not failed."""
-    native.genrule(
+    compiler: a build action (bazel/compile_check.bzl) runs `script args` and
+    records its output and verdict; the test reports that record and fails
+    with the check's status. On a loaded machine the compiles are slower, not
+    failed. The action reruns only when a file it reads changes (of amp's
+    headers, those its sources can reach)."""
+    compile_check(
         name = name + "_compile",
-        srcs = data + [script],
-        outs = [name + ".compile.log"],
-        # Bazel's genrule shell runs with `set -e`: keep the check's verdict (0 or
-        # 1) as the record; any other status (126/127: the script could not run)
-        # fails the action, so that a broken environment is never cached as a result.
-        cmd = ("s=0; bash $(location %s) %s >$@ 2>&1 || s=$$?; echo \"exit status $$s\" >>$@; " +
-               "if [ $$s -gt 1 ]; then cat $@; exit $$s; fi") % (script, " ".join(args)),
+        script = script,
+        args = args,
+        data = data,
+        log = name + ".compile.log",
         testonly = True,
     )
     native.sh_test(
@@ -114,7 +113,7 @@ def compile_fail_test(name, src, expect = None, deps = []):
     message of the source's `// expect:` line (or `expect`, when given)."""
     args = ["--pch=$(location //tools:pch/torch_pch.h)", "$(location %s)" % src, "$(location @libtorch//:compile_flags.txt)"]
     if expect:
-        args.append("'%s'" % expect.replace("'", "'\\''"))
+        args.append(expect)
     compile_check_test(
         name = name,
         script = "//tools:compile_fail_test.sh",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Documentation checks: (1) every ```cpp block of README.md and of each other
-# .md file given compiles as its own translation unit (-fsyntax-only, -Wall
-# -Wextra -Werror on amp's code); (2) every relative link to a .md file points
+# .md file given is parsed as its own translation unit, and all of them
+# compile together to the end (-fsyntax-only, -Wall -Wextra -Werror on amp's
+# code; see below); (2) every relative link to a .md file points
 # at a file that exists; (3) the support matrix table printed by
 # tools/support_matrix for this LibTorch appears verbatim in README.md.
 #   readme_test.sh [--pch=HEADER] README.md SUPPORT_MATRIX_BIN FLAGS_FILE [DOC.md ...]
@@ -23,8 +24,9 @@ for doc in "${docs[@]}"; do
   dir="$tmp/$(printf '%03d' "${#block_docs[@]}")_$(basename "$doc" .md)"
   block_docs+=("$doc")
   mkdir -p "$dir"
-  awk -v dir="$dir" '
-    /^```cpp/ { n++; file = sprintf("%s/block_%02d.cc", dir, n); inblock = 1; next }
+  awk -v dir="$dir" -v doc="$doc" '
+    /^```cpp/ { n++; file = sprintf("%s/block_%02d.cc", dir, n); inblock = 1
+                printf "#line %d \"%s\"\n", NR + 1, doc > file; next }
     /^```/ && inblock { inblock = 0; close(file); next }
     inblock { print > file }
   ' "$doc"
@@ -38,13 +40,36 @@ for doc in "${docs[@]}"; do
     [ -f "$base/$target" ] || { echo "FAIL: $doc links to $target, which does not exist"; fails=$((fails + 1)); }
   done < <(grep -o '](\([^)#]*\.md\)' "$doc" | sed 's/^](//' | sort -u)
 done
-# The blocks compile side by side (one per core), each its own translation unit.
+# Each block is parsed to its end as its own translation unit, where a static
+# assertion stops the compiler (-Wfatal-errors) before it instantiates
+# templates at the end of the unit: every name a block uses must be declared
+# by what it includes, and every warning in it is an error. The blocks side
+# by side (one per core). Then all blocks in one unit, compiled to the end
+# (each in a namespace of its own, their includes first): the templates they
+# use are instantiated, warning-free. Errors name the document and its line.
+sentinel="amp documentation test: parsed to the end"
 jobs_max=$(nproc 2>/dev/null || echo 2)
 for f in "${blocks[@]}"; do
   while [ "$(jobs -pr | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
-  ( "$cxx" "${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$f" >"$f.log" 2>&1
-    echo $? >"$f.status" ) &
+  printf 'static_assert(sizeof(char) == 0, "%s");\n' "$sentinel" >>"$f"
+  ( "$cxx" "${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Wfatal-errors -Iinclude "$f" >"$f.log" 2>&1
+    grep -m1 -E 'error:' "$f.log" | grep -qF "$sentinel"; echo $? >"$f.status" ) &
 done
+all="$tmp/all_blocks.cc"
+{
+  for f in "${blocks[@]}"; do grep -E '^[[:space:]]*#[[:space:]]*include' "$f"; done | awk '!seen[$0]++'
+  k=0
+  for f in "${blocks[@]}"; do
+    k=$((k + 1))
+    # A block's main() is a plain function here, without main's implicit
+    # return 0 (its own unit above checks that its other functions return).
+    echo '_Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wreturn-type\"")'
+    echo "namespace amp_doc_block_$k {"
+    sed -E '/^static_assert\(sizeof\(char\) == 0, "'"$sentinel"'"\);$/d; s/^[[:space:]]*#[[:space:]]*include.*$//' "$f"
+    echo "}  // namespace amp_doc_block_$k"
+    echo '_Pragma("GCC diagnostic pop")'
+  done
+} >"$all"
 wait
 for f in "${blocks[@]}"; do
   count=$((count + 1))
@@ -52,10 +77,18 @@ for f in "${blocks[@]}"; do
   if [ "$(cat "$f.status")" = 0 ]; then
     echo "ok   $doc C++ block $(basename "$f")"
   else
-    echo "FAIL $doc C++ block $(basename "$f"):"; sed 's/^/    /' "$f"; head -20 "$f.log"
+    echo "FAIL $doc C++ block $(basename "$f"):"; sed '1d; $d; s/^/    /' "$f"; grep -v "$sentinel" "$f.log" | head -20
     fails=$((fails + 1))
   fi
 done
+if [ "$count" -gt 0 ]; then
+  if log=$("$cxx" "${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$all" 2>&1); then
+    echo "ok   the $count blocks in one unit, compiled to the end"
+  else
+    echo "FAIL: the $count blocks in one unit, compiled to the end:"; echo "$log" | head -40
+    fails=$((fails + 1))
+  fi
+fi
 [ "$count" -gt 0 ] || { echo "FAIL: no \`\`\`cpp blocks found in ${docs[*]}"; exit 1; }
 while IFS= read -r line; do
   [ -z "$line" ] && continue
