@@ -108,9 +108,10 @@ def compile_check_test(name, script, args, data, size = "small"):
     )
 
 def compile_fail_test(name, src, expect = None, deps = []):
-    """`src` must compile without AMP_SHOULD_FAIL (the passing twin) and fail
-    with -DAMP_SHOULD_FAIL, its first error a static assertion carrying the
-    message of the source's `// expect:` line (or `expect`, when given)."""
+    """`src` must fail with -DAMP_SHOULD_FAIL, its first error a static
+    assertion carrying the message of the source's `// expect:` line (or
+    `expect`, when given). Its passing twin (`src` as is) is checked with the
+    package's others by compile_fail_twins_test."""
     args = ["--pch=$(location //tools:pch/torch_pch.h)", "$(location %s)" % src, "$(location @libtorch//:compile_flags.txt)"]
     if expect:
         args.append(expect)
@@ -119,6 +120,17 @@ def compile_fail_test(name, src, expect = None, deps = []):
         script = "//tools:compile_fail_test.sh",
         args = args,
         data = [src, "//:amp_headers", "@libtorch//:compile_flags.txt", "//tools:pch/torch_pch.h", "//tools:pch/torch_pch.h.gch"] + deps,
+    )
+
+def compile_fail_twins_test(name, srcs):
+    """The passing twins of the compile_fail_tests `srcs` (each compiles as is,
+    without AMP_SHOULD_FAIL), compiled to the end in one unit."""
+    compile_check_test(
+        name = name,
+        script = "//tools:compile_fail_twins.sh",
+        args = ["--pch=$(location //tools:pch/torch_pch.h)", "$(location @libtorch//:compile_flags.txt)"] +
+               ["$(location %s)" % s for s in srcs],
+        data = srcs + ["//tools:one_unit.sh", "@libtorch//:compile_flags.txt", "//tools:pch/torch_pch.h", "//tools:pch/torch_pch.h.gch"],
     )
 
 def header_self_contained_tests(headers):

@@ -44,32 +44,19 @@ done
 # assertion stops the compiler (-Wfatal-errors) before it instantiates
 # templates at the end of the unit: every name a block uses must be declared
 # by what it includes, and every warning in it is an error. The blocks side
-# by side (one per core). Then all blocks in one unit, compiled to the end
-# (each in a namespace of its own, their includes first): the templates they
-# use are instantiated, warning-free. Errors name the document and its line.
+# by side (one per core). Then all blocks in one unit (tools/one_unit.sh),
+# compiled to the end: the templates they use are instantiated, warning-free.
+# Errors name the document and its line.
 sentinel="amp documentation test: parsed to the end"
 jobs_max=$(nproc 2>/dev/null || echo 2)
 for f in "${blocks[@]}"; do
   while [ "$(jobs -pr | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
-  printf 'static_assert(sizeof(char) == 0, "%s");\n' "$sentinel" >>"$f"
-  ( "$cxx" "${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Wfatal-errors -Iinclude "$f" >"$f.log" 2>&1
+  { cat "$f"; printf 'static_assert(sizeof(char) == 0, "%s");\n' "$sentinel"; } >"$f.parse.cc"
+  ( "$cxx" "${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Wfatal-errors -Iinclude "$f.parse.cc" >"$f.log" 2>&1
     grep -m1 -E 'error:' "$f.log" | grep -qF "$sentinel"; echo $? >"$f.status" ) &
 done
 all="$tmp/all_blocks.cc"
-{
-  for f in "${blocks[@]}"; do grep -E '^[[:space:]]*#[[:space:]]*include' "$f"; done | awk '!seen[$0]++'
-  k=0
-  for f in "${blocks[@]}"; do
-    k=$((k + 1))
-    # A block's main() is a plain function here, without main's implicit
-    # return 0 (its own unit above checks that its other functions return).
-    echo '_Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wreturn-type\"")'
-    echo "namespace amp_doc_block_$k {"
-    sed -E '/^static_assert\(sizeof\(char\) == 0, "'"$sentinel"'"\);$/d; s/^[[:space:]]*#[[:space:]]*include.*$//' "$f"
-    echo "}  // namespace amp_doc_block_$k"
-    echo '_Pragma("GCC diagnostic pop")'
-  done
-} >"$all"
+bash "$(dirname "$0")/one_unit.sh" "${blocks[@]}" >"$all"
 wait
 for f in "${blocks[@]}"; do
   count=$((count + 1))
@@ -77,7 +64,7 @@ for f in "${blocks[@]}"; do
   if [ "$(cat "$f.status")" = 0 ]; then
     echo "ok   $doc C++ block $(basename "$f")"
   else
-    echo "FAIL $doc C++ block $(basename "$f"):"; sed '1d; $d; s/^/    /' "$f"; grep -v "$sentinel" "$f.log" | head -20
+    echo "FAIL $doc C++ block $(basename "$f"):"; sed '1d; s/^/    /' "$f"; grep -v "$sentinel" "$f.log" | head -20
     fails=$((fails + 1))
   fi
 done
