@@ -1,7 +1,7 @@
 // Compile-fail test: capture() on amp::CPU.
 // expect: amp: capture() records the training step in a CUDA graph, which exists only on amp::CUDA
-// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
-// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+// Built twice: as is, with the other rules' twins (//tests:cf_twins, must compile),
+// and with -DAMP_SHOULD_FAIL (tools/compile_fail_test.sh, must fail with the rule's amp: message).
 #include <amp/amp.h>
 #include <torch/torch.h>
 

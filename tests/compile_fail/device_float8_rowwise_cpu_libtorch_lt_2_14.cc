@@ -1,8 +1,8 @@
 // Compile-fail test: Float8's rowwise recipes on CPU before LibTorch 2.14 (built
 // only against such a LibTorch: the _libtorch_lt_2_14 suffix tells Bazel and CMake).
 // expect: amp: Float8's rowwise recipes on CPU need LibTorch 2.14 or newer
-// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
-// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+// Built twice: as is, with the other rules' twins (//tests:cf_twins, must compile),
+// and with -DAMP_SHOULD_FAIL (tools/compile_fail_test.sh, must fail with the rule's amp: message).
 #include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.

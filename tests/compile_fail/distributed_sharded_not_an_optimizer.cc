@@ -1,7 +1,7 @@
 // Compile-fail test: ShardedOptimizer<Inner> of a type that is not a LibTorch optimizer.
 // expect: amp: ShardedOptimizer<Inner> needs a torch::optim::Optimizer class
-// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
-// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+// Built twice: as is, with the other rules' twins (//tests:cf_twins, must compile),
+// and with -DAMP_SHOULD_FAIL (tools/compile_fail_test.sh, must fail with the rule's amp: message).
 #include <amp/distributed.h>
 #include <torch/torch.h>
 

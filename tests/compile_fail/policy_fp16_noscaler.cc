@@ -1,7 +1,7 @@
 // Compile-fail test: Mixed<fp16, NoScaler> (fp16 gradients underflow).
 // expect: amp: Mixed<fp16, NoScaler> would let fp16 gradients underflow
-// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
-// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+// Built twice: as is, with the other rules' twins (//tests:cf_twins, must compile),
+// and with -DAMP_SHOULD_FAIL (tools/compile_fail_test.sh, must fail with the rule's amp: message).
 #include <amp/core/rules.h>
 
 // The passing twin: a valid use of the same entry point.

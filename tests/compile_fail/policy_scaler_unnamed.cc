@@ -1,7 +1,7 @@
 // Compile-fail test: a user-defined Scaler without a name (kName).
 // expect: amp: a user-defined Scaler needs a name for the policy's precision string
-// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
-// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+// Built twice: as is, with the other rules' twins (//tests:cf_twins, must compile),
+// and with -DAMP_SHOULD_FAIL (tools/compile_fail_test.sh, must fail with the rule's amp: message).
 #include <amp/scaler/no_scaler.h>
 #include <amp/core/rules.h>
 

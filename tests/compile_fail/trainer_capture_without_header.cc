@@ -1,8 +1,8 @@
 // Compile-fail test: trainer.capture() with only amp/train/trainer.h included
 // (a Trainer user who never captures does not compile the capture code).
 // expect: amp: trainer.capture() needs the capture code: #include <amp/capture/captured_step.h>
-// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
-// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+// Built twice: as is, with the other rules' twins (//tests:cf_twins, must compile),
+// and with -DAMP_SHOULD_FAIL (tools/compile_fail_test.sh, must fail with the rule's amp: message).
 #include <amp/train/trainer.h>
 #ifndef AMP_SHOULD_FAIL
 #include <amp/capture/captured_step.h>  // the passing twin includes it

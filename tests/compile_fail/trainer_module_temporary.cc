@@ -1,8 +1,8 @@
 // Compile-fail test: a Trainer given a temporary Module (nothing would keep
 // it alive: a Module& is held without ownership unless a shared_ptr owns it).
 // expect: amp: pass the model as a ModuleHolder (e.g. torch::nn::Linear), a std::shared_ptr<Module>, or a
-// Built twice by tools/compile_fail_test.sh: as is (must compile) and with
-// -DAMP_SHOULD_FAIL (must fail with the rule's amp: message).
+// Built twice: as is, with the other rules' twins (//tests:cf_twins, must compile),
+// and with -DAMP_SHOULD_FAIL (tools/compile_fail_test.sh, must fail with the rule's amp: message).
 #include <amp/amp.h>
 #include <torch/torch.h>
 
