@@ -124,11 +124,13 @@ def compile_fail_test(name, src, expect = None, deps = []):
 
 def compile_fail_twins_test(name, srcs):
     """The passing twins of the compile_fail_tests `srcs` (each compiles as is,
-    without AMP_SHOULD_FAIL), compiled to the end in one unit."""
+    without AMP_SHOULD_FAIL), compiled to the end in one unit
+    (tools/compile_units.sh --unit-only; each rule's failing build checks what
+    its source includes)."""
     compile_check_test(
         name = name,
-        script = "//tools:compile_fail_twins.sh",
-        args = ["--pch=$(location //tools:pch/torch_pch.h)", "$(location @libtorch//:compile_flags.txt)"] +
+        script = "//tools:compile_units.sh",
+        args = ["--unit-only", "--pch=$(location //tools:pch/torch_pch.h)", "$(location @libtorch//:compile_flags.txt)"] +
                ["$(location %s)" % s for s in srcs],
         data = srcs + ["//tools:one_unit.sh", "@libtorch//:compile_flags.txt", "//tools:pch/torch_pch.h", "//tools:pch/torch_pch.h.gch"],
     )

@@ -6,8 +6,8 @@
 # assertion carrying EXPECTED_MESSAGE. A build that fails for any other reason
 # first (typo, missing include) fails this test. It stops at its first error
 # (-Wfatal-errors): nothing after it is read. SRC as is (the passing twin)
-# must compile cleanly: tools/compile_fail_twins.sh checks every twin of a
-# package in one unit (bazel/amp.bzl's compile_fail_twins_test).
+# must compile cleanly: bazel/amp.bzl's compile_fail_twins_test checks every
+# twin of a package in one unit (tools/compile_units.sh --unit-only).
 # --pch=HEADER: the build first loads HEADER's precompiled .gch
 # (//tools:torch_pch, <torch/torch.h>), instead of parsing LibTorch again;
 # not for a source that includes only amp/core/ and standard headers (c10's

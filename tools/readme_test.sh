@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Documentation checks: (1) every ```cpp block of README.md and of each other
 # .md file given is parsed as its own translation unit, and all of them
-# compile together to the end (-fsyntax-only, -Wall -Wextra -Werror on amp's
-# code; see below); (2) every relative link to a .md file points
+# compile together to the end (tools/compile_units.sh: -fsyntax-only, -Wall
+# -Wextra -Werror on amp's code); (2) every relative link to a .md file points
 # at a file that exists; (3) the support matrix table printed by
 # tools/support_matrix for this LibTorch appears verbatim in README.md.
 #   readme_test.sh [--pch=HEADER] README.md SUPPORT_MATRIX_BIN FLAGS_FILE [DOC.md ...]
@@ -10,12 +10,10 @@
 # (//tools:torch_pch, <torch/torch.h>, which nearly every block includes).
 set -u
 pch=()
-case "${1:-}" in --pch=*) pch=(-include "${1#--pch=}"); shift ;; esac
+case "${1:-}" in --pch=*) pch=("$1"); shift ;; esac
 readme=$1 matrix_bin=$2 flags_file=$3
 shift 3
 docs=("$readme" "$@")
-cxx=${CXX:-g++}
-read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")  # -std= comes with them
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fails=0 count=0 blocks=() block_docs=()
 for doc in "${docs[@]}"; do
@@ -31,7 +29,7 @@ for doc in "${docs[@]}"; do
     inblock { print > file }
   ' "$doc"
   for f in "$dir"/block_*.cc; do
-    [ -e "$f" ] && blocks+=("$f") && echo "$doc" >"$f.doc"
+    [ -e "$f" ] && blocks+=("$f")
   done
   # Relative links to .md files: [text](path.md) or [text](path.md#anchor).
   base=$(dirname "$doc")
@@ -40,41 +38,13 @@ for doc in "${docs[@]}"; do
     [ -f "$base/$target" ] || { echo "FAIL: $doc links to $target, which does not exist"; fails=$((fails + 1)); }
   done < <(grep -o '](\([^)#]*\.md\)' "$doc" | sed 's/^](//' | sort -u)
 done
-# Each block is parsed to its end as its own translation unit, where a static
-# assertion stops the compiler (-Wfatal-errors) before it instantiates
-# templates at the end of the unit: every name a block uses must be declared
-# by what it includes, and every warning in it is an error. The blocks side
-# by side (one per core). Then all blocks in one unit (tools/one_unit.sh),
-# compiled to the end: the templates they use are instantiated, warning-free.
-# Errors name the document and its line.
-sentinel="amp documentation test: parsed to the end"
-jobs_max=$(nproc 2>/dev/null || echo 2)
-for f in "${blocks[@]}"; do
-  while [ "$(jobs -pr | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
-  { cat "$f"; printf 'static_assert(sizeof(char) == 0, "%s");\n' "$sentinel"; } >"$f.parse.cc"
-  ( "$cxx" "${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Wfatal-errors -Iinclude "$f.parse.cc" >"$f.log" 2>&1
-    grep -m1 -E 'error:' "$f.log" | grep -qF "$sentinel"; echo $? >"$f.status" ) &
-done
-all="$tmp/all_blocks.cc"
-bash "$(dirname "$0")/one_unit.sh" "${blocks[@]}" >"$all"
-wait
-for f in "${blocks[@]}"; do
-  count=$((count + 1))
-  doc=$(cat "$f.doc")
-  if [ "$(cat "$f.status")" = 0 ]; then
-    echo "ok   $doc C++ block $(basename "$f")"
-  else
-    echo "FAIL $doc C++ block $(basename "$f"):"; sed '1d; s/^/    /' "$f"; grep -v "$sentinel" "$f.log" | head -20
-    fails=$((fails + 1))
-  fi
-done
+# The blocks: each parsed alone, then all compiled to the end in one unit
+# (tools/compile_units.sh); errors name the document and its line.
+count=${#blocks[@]}
 if [ "$count" -gt 0 ]; then
-  if log=$("$cxx" "${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude "$all" 2>&1); then
-    echo "ok   the $count blocks in one unit, compiled to the end"
-  else
-    echo "FAIL: the $count blocks in one unit, compiled to the end:"; echo "$log" | head -40
-    fails=$((fails + 1))
-  fi
+  bash "$(dirname "$0")/compile_units.sh" "${pch[@]}" "$flags_file" "${blocks[@]}" >"$tmp/blocks.log"
+  sed '$d' "$tmp/blocks.log"
+  fails=$((fails + $(tail -n 1 "$tmp/blocks.log" | awk '{print $(NF-1)}')))
 fi
 [ "$count" -gt 0 ] || { echo "FAIL: no \`\`\`cpp blocks found in ${docs[*]}"; exit 1; }
 while IFS= read -r line; do

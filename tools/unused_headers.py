@@ -30,7 +30,8 @@ def main(headers_list, roots_list):
     for path in headers:
         i = path.rfind("include/")
         by_key[path[i + len("include/"):] if i >= 0 else path] = path
-    used, todo = set(roots) & set(headers), list(roots)  # a root header is read
+    header_paths = set(headers)
+    used, todo = set(roots) & header_paths, list(roots)  # a root header is read
     seen = set()
     while todo:
         path = todo.pop()
@@ -40,7 +41,7 @@ def main(headers_list, roots_list):
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
                 text = f.read()
-        except (OSError, IsADirectoryError):
+        except OSError:
             continue
         found = set(HAS_INCLUDE.findall(text))
         for m in INCLUDE.finditer(text):
@@ -51,7 +52,7 @@ def main(headers_list, roots_list):
             found.add(name)
             found.add(os.path.normpath(os.path.join(os.path.dirname(path), name)))
         for name in found:
-            header = by_key.get(name) or (name if name in by_key.values() else None)
+            header = by_key.get(name) or (name if name in header_paths else None)
             if header and header not in used:
                 used.add(header)
                 todo.append(header)
