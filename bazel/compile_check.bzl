@@ -32,8 +32,9 @@ def _compile_check_impl(ctx):
     ctx.actions.write(roots_list, "\n".join([f.path for f in roots]) + "\n")
     ctx.actions.run(
         executable = ctx.executable._runner,
+        # The build's --copt values (.bazelrc's) reach the check's g++ as AMP_CXXFLAGS.
         arguments = [log.path, unused.path, ctx.file._scanner.path, headers_list.path, roots_list.path,
-                     ctx.file.script.path] + args,
+                     " ".join(ctx.fragments.cpp.copts + ctx.fragments.cpp.cxxopts), ctx.file.script.path] + args,
         inputs = depset([ctx.file.script, ctx.file._scanner, headers_list, roots_list] + ctx.files.data + prunable),
         outputs = [log, unused],
         unused_inputs_list = unused,
@@ -54,4 +55,5 @@ compile_check = rule(
         "_runner": attr.label(default = "//tools:compile_check_run.sh", executable = True, cfg = "exec", allow_single_file = True),
         "_scanner": attr.label(default = "//tools:unused_headers.py", allow_single_file = True),
     },
+    fragments = ["cpp"],
 )

@@ -25,6 +25,7 @@ if [ -z "$expect" ]; then
 fi
 cxx=${CXX:-g++}
 read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")  # -std= comes with them
+read -r -a more_flags <<<"${AMP_CXXFLAGS:-}"; torch_flags+=("${more_flags[@]}")  # the build's --copt (compile_check_run.sh)
 common=("${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude)
 
 if fail_log=$("$cxx" "${common[@]}" -Wfatal-errors -DAMP_SHOULD_FAIL "$src" 2>&1); then

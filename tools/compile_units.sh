@@ -18,6 +18,7 @@ case "${1:-}" in --pch=*) pch=(-include "${1#--pch=}"); shift ;; esac
 flags_file=$1; shift
 cxx=${CXX:-g++}
 read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")  # -std= comes with them
+read -r -a more_flags <<<"${AMP_CXXFLAGS:-}"; torch_flags+=("${more_flags[@]}")  # the build's --copt (compile_check_run.sh)
 common=("${torch_flags[@]}" "${pch[@]}" -fsyntax-only -Wall -Wextra -Werror -Iinclude)
 for src in "$@"; do common+=(-iquote "$(dirname "$src")"); done  # their "..." includes, from a copy
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT

@@ -28,6 +28,7 @@ done
 flags_file=$1; shift
 cxx=${CXX:-g++}
 read -r -a torch_flags < <(tr '\n' ' ' < "$flags_file")
+read -r -a more_flags <<<"${AMP_CXXFLAGS:-}"; torch_flags+=("${more_flags[@]}")  # the build's --copt (compile_check_run.sh)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 sentinel="amp header test: parsed to the end"
 check() {
