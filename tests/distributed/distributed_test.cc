@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <limits>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -218,31 +219,75 @@ void parity() {
 }
 
 // An inf on the last rank only: every rank skips and backs off together.
+// Random inf/NaN: 240 steps, a third poisoned (the plan drawn from one seed on
+// every rank): inf, -inf or NaN in the loss or in one gradient element, on one
+// rank or on all. Every rank skips exactly the poisoned steps, a skipped step
+// leaves the parameters bitwise, the scale follows torch's rule (backoff on a
+// found inf, growth after growth_interval clean steps), the ranks end equal.
 void inf_one_rank() {
   auto pg = init();
   torch::manual_seed(3);
   auto net = make_net();
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01));
-  amp::Stepper<amp::DynamicScaler> stepper(opt);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  amp::Stepper<amp::DynamicScaler> stepper(
+      opt, {}, amp::DynamicScaler(amp::DynamicScalerOptions().init_scale(1024.0).growth_interval(3)));
   std::vector<torch::Tensor> params = net->parameters();
+  // Hooks registered before DataParallel's run first: the poison reaches the reduction.
+  size_t poison_param = params.size();  // == size: none this step
+  double poison_value = 0;
+  for (size_t i = 0; i < params.size(); ++i)
+    params[i].register_hook([i, &poison_param, &poison_value](torch::Tensor g) {
+      if (i != poison_param) return g;
+      g = g.clone();
+      g.view(-1)[0] = poison_value;
+      return g;
+    });
   amp::DataParallel dp(pg, params);
   stepper.set_gradient_sync(&dp);
-  const double scale0 = stepper.scaler().get_scale();
-  for (int64_t s = 0; s < 6; ++s) {
-    auto [x, y] = batch(s, pg.rank(), pg.world_size(), 8);
+  std::mt19937 plan(7);
+  const double poisons[] = {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                            std::numeric_limits<double>::quiet_NaN()};
+  double scale = 1024.0;  // torch's rule, on the side
+  int64_t tracker = 0, skipped = 0;
+  for (int64_t s = 0; s < 240; ++s) {
+    const bool poisoned = s >= 2 && plan() % 3 == 0;
+    const double value = poisons[plan() % 3];
+    const bool in_loss = plan() % 2 == 0;
+    const int64_t on_rank = static_cast<int64_t>(plan() % static_cast<uint32_t>(pg.world_size() + 1));  // == N: all
+    const size_t param = plan() % params.size();
+    const bool here = poisoned && (on_rank == pg.world_size() || on_rank == pg.rank());
+    auto [x, y] = batch(s % 16, pg.rank(), pg.world_size(), 8);
+    std::vector<torch::Tensor> before;
+    for (const auto& p : params) before.push_back(p.detach().clone());
     torch::Tensor loss = torch::mse_loss(net->forward(x), y);
-    if (s == 2 && pg.rank() == pg.world_size() - 1) loss = loss * std::numeric_limits<float>::infinity();
+    if (here && in_loss) loss = loss * value;
+    poison_param = here && !in_loss ? param : params.size();
+    poison_value = value;
     auto r = stepper.step(loss);
-    check(r.skipped() == (s == 2), "step " + std::to_string(s) + (r.skipped() ? " skipped" : " not skipped"));
+    poison_param = params.size();
+    check(r.skipped() == poisoned, "step " + std::to_string(s) + (r.skipped() ? " skipped" : " not skipped"));
+    if (poisoned) {
+      ++skipped;
+      for (size_t i = 0; i < params.size(); ++i)
+        check(torch::equal(before[i], params[i]), "a skipped step changed parameter " + std::to_string(i));
+      scale *= 0.5;
+      tracker = 0;
+    } else if (++tracker == 3) {
+      scale *= 2.0;
+      tracker = 0;
+    }
+    check(stepper.scaler().get_scale() == scale, "step " + std::to_string(s) + ": scale " +
+                                                     std::to_string(stepper.scaler().get_scale()) + ", torch's rule " +
+                                                     std::to_string(scale));
   }
-  const double scale = stepper.scaler().get_scale();
-  check(scale == scale0 * 0.5, "scale " + std::to_string(scale) + " != half of " + std::to_string(scale0));
+  check(skipped > 40, "too few poisoned steps: " + std::to_string(skipped));
   std::vector<torch::Tensor> bits;
   for (const auto& p : params) bits.push_back(p.detach().reshape({-1}));
   bits.push_back(torch::full({1}, scale, torch::kFloat));
   auto all = pg.allgather(torch::cat(bits), "test gather");
-  for (size_t r = 1; r < all.size(); ++r) check(torch::equal(all[0], all[r]), "ranks differ after the skip");
-  std::cout << "PASS " << test_case::name << " scale " << scale0 << " -> " << scale << std::endl;
+  for (size_t r = 1; r < all.size(); ++r) check(torch::equal(all[0], all[r]), "ranks differ after the skips");
+  std::cout << "PASS " << test_case::name << " " << skipped << " of 240 steps skipped, scale 1024 -> " << scale
+            << std::endl;
 }
 
 // Fabric with two models and one DataParallel over both: every rank ends

@@ -61,6 +61,21 @@ case "$group" in
         echo "FAIL: die_in_gather $how"; fails=$((fails + 1))
       fi
     done
+    # The last of 3 killed / stopped where it should join a checkpoint's
+    # gather: both survivors fail within the timeout, the checkpoint before it
+    # is intact with no temporary file beside it, and a restart from it at 3
+    # continues bitwise (ckpt_resume).
+    for how in kill stop; do
+      out="$work/save_$how.txt"
+      AMP_DP_TIMEOUT_MS=5000 "$launch" -n 3 --grace 8 -- "$bin" die_in_save "$work/d_$how.pt" 3 "$how" >"$out" 2>&1
+      cat "$out"
+      if [ "$(grep -c '^\[[01]\] PASS die_in_save' "$out")" -eq 2 ]; then
+        echo "ok: die_in_save $how"
+      else
+        echo "FAIL: die_in_save $how"; fails=$((fails + 1))
+      fi
+      run 3 ckpt_resume "$work/d_$how.pt" 3 sharded
+    done
     ;;
   faults)
     export AMP_DP_TIMEOUT_MS=5000

@@ -12,8 +12,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <thread>
@@ -477,6 +479,57 @@ void die_in_gather(const std::string& how) {
   fail("no error");
 }
 
+// A peer killed or stopped where it should join a checkpoint's gather
+// (save_on_rank0 of a ShardedOptimizer's state): as ckpt_train (a checkpoint
+// at step k, the uninterrupted run's parameters at 2k), then a second save to
+// the same path that the last rank never joins. Both survivors get the amp:
+// error within the timeout; the first checkpoint is still there, byte for
+// byte, and no temporary file is left beside it (ckpt_resume then continues
+// from it bitwise).
+void die_in_save(const std::string& path, int64_t k, const std::string& how) {
+  auto pg = init();
+  with_trainer(pg, "sharded", false, [&](torch::nn::Sequential& net, auto& trainer) {
+    train_steps(pg, net, trainer, k);
+    amp::save_on_rank0(pg, trainer, path);
+    train_steps(pg, net, trainer, k);
+    if (pg.rank() == 0) {
+      torch::save(param_bits(*net), path + ".final");
+      std::ofstream(path + ".world") << pg.world_size();
+    }
+    pg.barrier();
+    auto bytes = [&] {
+      std::ifstream in(path, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    };
+    const std::string before = bytes();
+    check(!before.empty(), "no first checkpoint");
+    if (pg.rank() == pg.world_size() - 1) {
+      std::cout << "rank " << pg.rank() << " " << how << " before the checkpoint's gather" << std::endl;
+      std::raise(how == "kill" ? SIGKILL : SIGSTOP);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string msg;
+    try {
+      amp::save_on_rank0(pg, trainer, path);
+    } catch (const c10::Error& e) {
+      msg = e.what_without_backtrace();
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    check(msg.rfind("amp: ", 0) == 0, "expected an amp: error, got '" + msg + "'");
+    check(secs < timeout().count() / 1000.0 + 0.5, "took " + std::to_string(secs) + " s");
+    check(bytes() == before, "the first checkpoint changed");
+    const std::string dir = path.substr(0, path.find_last_of('/') + 1);
+    const std::string base = path.substr(dir.size());
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      check(name.rfind(base + ".tmp", 0) != 0, "a temporary file was left: " + name);
+    }
+    std::cout << "PASS " << test_case::name << " after " << secs
+              << " s: " << msg.substr(0, msg.find('\n')).substr(0, 120) << std::endl;
+    std::exit(3);  // a failed rank: tools/launch ends the stopped one
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -518,6 +571,8 @@ int main(int argc, char** argv) {
       fit();
     else if (test_case::name == "die_in_gather" && a.size() == 2)
       die_in_gather(a[1]);
+    else if (test_case::name == "die_in_save" && a.size() == 4)
+      die_in_save(a[1], std::stoll(a[2]), a[3]);
     else if (test_case::name == "memory")
       memory();
     else if (test_case::name == "ckpt_train" && a.size() == 4)
