@@ -1,7 +1,7 @@
 // Tests for amp/float8/mxfp8.h and nvfp4.h: the block-scaled quantizers
 // against hand-computed scale bytes and codes (each scale mode at its
 // boundaries, inf and NaN, the clamp, NVFP4's packing and tensor scale, the
-// Hadamard matrix) and their amp: errors. Bit-for-bit agreement with torchao
+// Hadamard matrix), the bytes they keep, and their amp: errors. Bit-for-bit agreement with torchao
 // and Transformer Engine is tests/parity/block_scaled_parity_test. Needs the
 // float8 dtypes (LibTorch 2.1+); before, one test says it skipped.
 //
@@ -141,6 +141,17 @@ TEST(BlockScaled, HadamardIsTeSignedSylvesterOverFour) {
   // rht16 is orthogonal: applied twice with the transpose it gives x back exactly for small integers.
   const torch::Tensor x = torch::arange(0, 32, torch::kFloat).view({2, 16});
   EXPECT_TRUE(torch::equal(torch::matmul(bs::rht16(x), h.t()) * 0.25, x));
+}
+
+TEST(BlockScaled, BytesPerElement) {
+  // What a quantized [64, 128] tensor keeps: MXFP8 8 + 8/32 = 8.25 bits an
+  // element; NVFP4 4 + 8/16 + 32/numel (codes, block scales, the fp32 amax).
+  const torch::Tensor w = torch::randn({64, 128});
+  const int64_t n = w.numel();
+  const bs::MxBlocks mx = bs::to_mx(w, bs::MxScale::kRceil);
+  EXPECT_EQ((mx.data.nbytes() + mx.scale.nbytes()) * 8 * 4, n * 33);  // 8.25 = 33 / 4
+  const bs::Nvfp4Blocks nv = bs::to_nvfp4(w);
+  EXPECT_EQ((nv.data.nbytes() + nv.scale.nbytes() + nv.global_amax.nbytes()) * 8, n * 4 + n * 8 / 16 + 32);
 }
 
 TEST(BlockScaled, BadInputIsAnAmpErrorNamingTheFix) {
