@@ -182,9 +182,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::cout << "block_scaled_parity: LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << " on cpu\n";
+  const std::string out = argv[1];
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
-  run(argv[1]);
+  run(out);
 #else
+  (void)out;
   std::cout << "skipped: MXFP8 and NVFP4 need the float8 dtypes (LibTorch 2.1+)\n";
 #endif
   return 0;
