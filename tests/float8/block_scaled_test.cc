@@ -1,7 +1,8 @@
 // Tests for amp/float8/mxfp8.h and nvfp4.h: the block-scaled quantizers
 // against hand-computed scale bytes and codes (each scale mode at its
 // boundaries, inf and NaN, the clamp, NVFP4's packing and tensor scale, the
-// Hadamard matrix), the bytes they keep, and their amp: errors. Bit-for-bit agreement with torchao
+// Hadamard matrix), NVFP4's stochastic rounding (unbiased over 10^6 draws,
+// reproducible), the bytes they keep, and their amp: errors. Bit-for-bit agreement with torchao
 // and Transformer Engine is tests/parity/block_scaled_parity_test. Needs the
 // float8 dtypes (LibTorch 2.1+); before, one test says it skipped.
 //
@@ -9,6 +10,7 @@
 #include "amp/float8/mxfp8.h"
 #include "amp/float8/nvfp4.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -141,6 +143,50 @@ TEST(BlockScaled, HadamardIsTeSignedSylvesterOverFour) {
   // rht16 is orthogonal: applied twice with the transpose it gives x back exactly for small integers.
   const torch::Tensor x = torch::arange(0, 32, torch::kFloat).view({2, 16});
   EXPECT_TRUE(torch::equal(torch::matmul(bs::rht16(x), h.t()) * 0.25, x));
+}
+
+// One E2M1 value per code, as TE's cast_from_fp4x2 table.
+torch::Tensor e2m1_values(const torch::Tensor& codes) {
+  const torch::Tensor table = torch::tensor(
+      {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f});
+  return table.index({codes.to(torch::kLong)});
+}
+
+TEST(BlockScaled, StochasticRoundingIsUnbiasedAndReproducible) {
+  // 10^6 draws of each value: the mean is the value within 5 standard errors
+  // (a draw's deviation is at most half the grid gap), seeded, so not flaky.
+  constexpr int64_t kDraws = 1000000;
+  struct Case {
+    float v, lo, hi;  // the value and its neighbours on the E2M1 grid
+  };
+  for (const Case& c : {Case{0.1f, 0.0f, 0.5f}, Case{0.7f, 0.5f, 1.0f}, Case{-1.6f, -1.5f, -2.0f},
+                        Case{-2.7f, -2.0f, -3.0f}, Case{3.3f, 3.0f, 4.0f}, Case{5.9f, 4.0f, 6.0f}}) {
+    const torch::Tensor x = torch::full({kDraws}, c.v);
+    const torch::Tensor values =
+        e2m1_values(bs::e2m1_codes_stochastic(x, at::make_generator<at::CPUGeneratorImpl>(42)));
+    const double bound = 5 * std::abs(c.hi - c.lo) / 2 / std::sqrt(static_cast<double>(kDraws));
+    EXPECT_NEAR(values.to(torch::kDouble).mean().item<double>(), c.v, bound) << "value " << c.v;
+    EXPECT_TRUE(((values == c.lo) | (values == c.hi)).all().item<bool>()) << "value " << c.v;  // only the neighbours
+  }
+  // Grid values stay, NaN gives 0, -0 gives 0; a negative value that rounds to 0 keeps its sign (code 8).
+  const torch::Tensor grid = torch::tensor(
+      {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.5f, -6.0f, -0.0f, std::numeric_limits<float>::quiet_NaN()});
+  const torch::Tensor g = bs::e2m1_codes_stochastic(grid.repeat({1000}), at::make_generator<at::CPUGeneratorImpl>(1));
+  EXPECT_TRUE(torch::equal(g, bs::e2m1_codes(grid).repeat({1000})));
+  const torch::Tensor tiny =
+      bs::e2m1_codes_stochastic(torch::full({1000}, -0.01f), at::make_generator<at::CPUGeneratorImpl>(1));
+  EXPECT_TRUE(((tiny == 8) | (tiny == 9)).all().item<bool>());
+  // The same seed gives the same codes, another seed others; the scales are round-to-nearest's.
+  torch::manual_seed(3);
+  const torch::Tensor w = torch::randn({64, 64});
+  const bs::Nvfp4Blocks a = bs::to_nvfp4(w, false, at::make_generator<at::CPUGeneratorImpl>(7));
+  const bs::Nvfp4Blocks b = bs::to_nvfp4(w, false, at::make_generator<at::CPUGeneratorImpl>(7));
+  const bs::Nvfp4Blocks c = bs::to_nvfp4(w, false, at::make_generator<at::CPUGeneratorImpl>(8));
+  const bs::Nvfp4Blocks nearest = bs::to_nvfp4(w);
+  EXPECT_TRUE(torch::equal(a.data.view(torch::kByte), b.data.view(torch::kByte)));
+  EXPECT_FALSE(torch::equal(a.data.view(torch::kByte), c.data.view(torch::kByte)));
+  EXPECT_FALSE(torch::equal(a.data.view(torch::kByte), nearest.data.view(torch::kByte)));
+  EXPECT_TRUE(torch::equal(a.scale.view(torch::kByte), nearest.scale.view(torch::kByte)));
 }
 
 TEST(BlockScaled, BytesPerElement) {

@@ -19,7 +19,9 @@
 //   - elements: clamp(x * encode, +-6), rounded to E2M1 to nearest, ties to
 //     even, as TE's thresholds do it (-0 and NaN give the code 0);
 //   - two codes a byte, the even element in the low nibble (TE's and
-//     torchao's packing, pack_uint4).
+//     torchao's packing, pack_uint4);
+//   - or, for gradients, stochastic rounding (e2m1_codes_stochastic: amp's
+//     definition, TE has no Python reference for it).
 // torchao's nvfp4_tensor.py (nvfp4_quantize) places the reciprocal
 // differently (block_amax / 6 / per_tensor_scale, then (1 / per_tensor_scale)
 // / s), so the two can part in the last bit: amp quantizes as TE does.
@@ -31,8 +33,10 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/Generator.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Optional.h>
 
 #include <cstdint>
 #include <limits>
@@ -89,9 +93,35 @@ inline at::Tensor e2m1_codes(const at::Tensor& x) {
   return r;
 }
 
+// x (fp32, within +-6 or NaN) to E2M1 codes, one a byte, rounded
+// stochastically: between its neighbours lo < |x| < hi on the E2M1 grid,
+// |x| becomes hi with probability (|x| - lo) / (hi - lo), drawn from `gen`
+// (one uniform fp32 draw an element, at::rand's), so the expected value is x
+// and the same generator state gives the same codes. Grid values stay; the
+// sign is kept (a negative x that rounds to 0 gives -0, code 8, as
+// e2m1_codes); NaN gives 0. Transformer Engine rounds gradients this way in
+// CUDA and has no Python reference for it: this definition is amp's.
+inline at::Tensor e2m1_codes_stochastic(const at::Tensor& x, at::Generator gen) {
+  const float kGrid[] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const at::Tensor grid = at::tensor(at::ArrayRef<float>(kGrid)).to(x.device());
+  const at::Tensor a = at::abs(x);
+  at::Tensor lo = at::zeros(x.sizes(), x.options().dtype(at::kLong));  // the grid point at or below |x|
+  for (int i = 1; i < 8; ++i) lo.add_(a >= kGrid[i]);
+  const at::Tensor hi = (lo + 1).clamp_max(7);
+  const at::Tensor lo_v = grid.index({lo}), hi_v = grid.index({hi});
+  const at::Tensor p = at::where(hi > lo, (a - lo_v) / (hi_v - lo_v), at::zeros_like(a));
+  const at::Tensor up = at::rand(x.sizes(), gen, x.options().dtype(at::kFloat)) < p;
+  at::Tensor code = lo + up.to(lo.scalar_type());
+  code = at::where(x < 0.0, code + 8, code);
+  return at::where(at::isnan(x), at::zeros_like(code), code).to(at::kByte);
+}
+
 // x [M, K] (fp32 or bf16, K a multiple of 16) to NVFP4 with 1x16 blocks, or
-// 16x16 tiles (Transformer Engine's weights): NVFP4QuantizerRef's rowwise cast.
-inline Nvfp4Blocks to_nvfp4(const at::Tensor& x, bool tiles_16x16 = false) {
+// 16x16 tiles (Transformer Engine's weights): NVFP4QuantizerRef's rowwise
+// cast; with `stochastic`, the elements are rounded by e2m1_codes_stochastic
+// with that generator instead of to nearest (the scales are the same).
+inline Nvfp4Blocks to_nvfp4(const at::Tensor& x, bool tiles_16x16 = false,
+                            c10::optional<at::Generator> stochastic = c10::nullopt) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "amp: NVFP4 quantizes fp32 or bf16 tensors, not ", x.scalar_type(), "; cast with x.to(at::kFloat)");
   TORCH_CHECK(x.dim() == 2 && x.size(1) % kNvfp4Block == 0,
@@ -122,7 +152,7 @@ inline Nvfp4Blocks to_nvfp4(const at::Tensor& x, bool tiles_16x16 = false) {
   const at::Tensor encode =
       at::minimum(at::div(at::scalar_tensor(1.0, at::kFloat), s.to(at::kFloat) * global_decode), fmax);
   const at::Tensor clipped = at::clamp(blocks.to(at::kFloat) * encode, -fp4_max, fp4_max).reshape({padded, n});
-  const at::Tensor codes = e2m1_codes(clipped);
+  const at::Tensor codes = stochastic ? e2m1_codes_stochastic(clipped, *stochastic) : e2m1_codes(clipped);
   const at::Tensor packed = codes.slice(1, 0, n, 2) + codes.slice(1, 1, n, 2) * 16;
   return {as_fp4x2(packed.narrow(0, 0, m).contiguous()), s.squeeze(-1).narrow(0, 0, m).contiguous(), global_amax};
 }
