@@ -35,6 +35,7 @@
 #include "amp/float8/delayed.h"
 #include "amp/float8/linear.h"
 #include "amp/float8/mxfp8.h"
+#include "amp/float8/mxfp8_linear.h"
 #include "amp/float8/nvfp4.h"
 #include "amp/float8/policy.h"
 #include "amp/float8/recipe.h"

@@ -1,4 +1,4 @@
-// Tests for amp/float8/mxfp8.h and nvfp4.h: the block-scaled quantizers
+// Tests for amp/float8/mxfp8.h, mxfp8_linear.h and nvfp4.h: the block-scaled quantizers
 // against hand-computed scale bytes and codes (each scale mode at its
 // boundaries, inf and NaN, the clamp, NVFP4's packing and tensor scale, the
 // Hadamard matrix), NVFP4's stochastic rounding (unbiased over 10^6 draws,
@@ -8,6 +8,7 @@
 //
 //   bazel test //tests:float8_test
 #include "amp/float8/mxfp8.h"
+#include "amp/float8/mxfp8_linear.h"
 #include "amp/float8/nvfp4.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -216,6 +217,14 @@ TEST(BlockScaled, BadInputIsAnAmpErrorNamingTheFix) {
             std::string::npos);
   EXPECT_NE(error_of([] { bs::to_nvfp4(torch::ones({2, 24})); }).find("multiple of 16"), std::string::npos);
   EXPECT_NE(error_of([] { bs::rht16(torch::ones({2, 8})); }).find("amp: the Hadamard transform"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              bs::mxfp8_linear(torch::ones({24, 64}), torch::ones({32, 64}), {}, bs::MxScale::kRceil);
+            }).find("use at::linear for this layer"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              bs::mxfp8_linear(torch::ones({32, 48}), torch::ones({32, 64}), {}, bs::MxScale::kRceil);
+            }).find("amp: mxfp8_linear got input"),
+            std::string::npos);
   const bs::MxBlocks q = bs::to_mx(torch::ones({2, 32}), bs::MxScale::kFloor);
   EXPECT_NE(error_of([&] {
               bs::from_mx({q.data, q.scale.narrow(0, 0, 1)}, torch::kFloat);

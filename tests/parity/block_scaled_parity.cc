@@ -15,11 +15,18 @@
 //                  scale bytes, global amax, from_nvfp4 to fp32; then the
 //                  Hadamard transform (rht16) of fp32 and bf16 inputs and
 //                  NVFP4 of the transformed transpose (TE's wgrad operand)
+//   OUT/cpp_train.pt per run, an MLP (64-128-128-10, batch 32) trained 30
+//                  steps in fp32 with its first two linears in MXFP8
+//                  (amp/float8/mxfp8_linear.h: torchao's emulated
+//                  MXFP8Linear), SGD with momentum: RCEIL, FLOOR, RCEIL with
+//                  a high-precision wgrad; the losses (bits) and the final
+//                  parameters
 // Needs the float8 dtypes (LibTorch 2.1+): before, it writes nothing and says so.
 #include <torch/torch.h>
 
 #include "parity_io.h"
 #include <amp/float8/mxfp8.h>
+#include <amp/float8/mxfp8_linear.h>
 #include <amp/float8/nvfp4.h>
 
 #include <cmath>
@@ -28,6 +35,7 @@
 #include <iostream>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -121,6 +129,33 @@ std::vector<at::Tensor> nvfp4_cases() {
 
 at::Tensor bytes(const at::Tensor& t) { return t.contiguous().view(torch::kByte); }
 
+// 30 SGD steps of parity_io's MLP in fp32, the two hidden linears in MXFP8,
+// the 10-class head (not a multiple of 32) plain: losses then parameters.
+std::vector<at::Tensor> train(f8::MxScale mode, bool wgrad_hp) {
+  constexpr int kSteps = 30;
+  torch::nn::Sequential model = amp_parity::make_mlp();
+  torch::manual_seed(1);
+  const at::Tensor x = torch::randn({kSteps, 32, 64}) * 4;
+  const at::Tensor y = torch::randint(0, 10, {kSteps, 32}, torch::kLong);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<torch::nn::Linear> fc;
+  for (const auto& m : model->children())
+    if (auto l = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m)) fc.emplace_back(l);
+  std::vector<float> losses;
+  for (int i = 0; i < kSteps; ++i) {
+    opt.zero_grad();
+    at::Tensor h = torch::relu(f8::mxfp8_linear(x[i], fc[0]->weight, fc[0]->bias, mode, wgrad_hp));
+    h = torch::relu(f8::mxfp8_linear(h, fc[1]->weight, fc[1]->bias, mode, wgrad_hp));
+    const at::Tensor loss = torch::nn::functional::cross_entropy(at::linear(h, fc[2]->weight, fc[2]->bias), y[i]);
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item<float>());
+  }
+  std::vector<at::Tensor> out{torch::tensor(losses).view(torch::kInt)};
+  for (const auto& p : model->parameters()) out.push_back(p.detach().view(torch::kInt));
+  return out;
+}
+
 void run(const std::string& out) {
   const at::Tensor edges = mx_edges(), random = mx_random();
   std::vector<at::Tensor> inputs{edges, random};
@@ -169,8 +204,16 @@ void run(const std::string& out) {
     nvfp4.push_back(q.global_amax.view(torch::kInt));
   }
   save(out + "/cpp_nvfp4.pt", nvfp4);
+  std::vector<at::Tensor> trained;
+  for (const auto& [mode, hp] : {std::pair{f8::MxScale::kRceil, false}, std::pair{f8::MxScale::kFloor, false},
+                                 std::pair{f8::MxScale::kRceil, true}}) {
+    const std::vector<at::Tensor> r = train(mode, hp);
+    trained.insert(trained.end(), r.begin(), r.end());
+  }
+  save(out + "/cpp_train.pt", trained);
   std::cout << "block_scaled_parity: " << edges.size(0) * 2 << " edge blocks, " << random.numel() / 32
-            << " random blocks x 16 MXFP8 variants; " << nv.size() << " NVFP4 cases x 4; Hadamard x 2 written\n";
+            << " random blocks x 16 MXFP8 variants; " << nv.size()
+            << " NVFP4 cases x 4; Hadamard x 2; 3 MXFP8 training runs written\n";
 }
 #endif
 

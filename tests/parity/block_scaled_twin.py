@@ -14,12 +14,15 @@ Sources (snapshots read for this file):
            (pytorch/ao 36027d82d1ad9949597ea16002ff4940374b1b94)
   TE       transformer_engine/pytorch/custom_recipes/reference_nvfp4.py
            (NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b)
-MXFP8 follows torchao (to_mx, to_dtype); NVFP4's quantization follows TE's
-NVFP4QuantizerRef, its dequantization torchao's NVFP4Tensor.dequantize.
+MXFP8 follows torchao (to_mx, to_dtype, and MXFP8Linear's emulated GEMMs,
+trained in fp32); NVFP4's quantization follows TE's NVFP4QuantizerRef, its
+dequantization torchao's NVFP4Tensor.dequantize.
 """
 import sys
 
 import torch
+
+from parity_io import make_mlp
 
 # --- torchao: constants.py ---------------------------------------------------
 F8E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448.0
@@ -312,6 +315,84 @@ def nvfp4_quantize_columnwise_rht(tensor):
     return nvfp4_quantize_rowwise(col_input, (1, 16))
 
 
+# --- torchao: MXFP8Linear with KernelPreference.EMULATED ----------------------
+def mx_mm_emulated(a, b):
+    """mx_tensor.py: _addmm_mx_dispatch's EMULATED branch for torch.mm(a, b) of two
+    MXTensors given as (scale, data, orig_dtype): each dequantized to its
+    orig_dtype (to_dtype; a transposed MXTensor, mx_t's, is dequantized
+    transposed back and forth), then aten.mm. b is the MXTensor whose .t() is
+    multiplied, i.e. quantized as [N, K]."""
+    (sa, da, ta), (sb, db, tb) = a, b
+    a_hp = to_dtype(da, sa, torch.float8_e4m3fn, 32, ta)
+    b_hp = to_dtype(db, sb, torch.float8_e4m3fn, 32, tb).t()
+    return torch.mm(a_hp, b_hp)
+
+
+def mx_to(t, mode):  # MXTensor.to_mx with EMULATED: to_mx; orig_dtype = t.dtype
+    scale, data = to_mx(t, torch.float8_e4m3fn, 32, mode)
+    return scale, data, t.dtype
+
+
+class mx_mm(torch.autograd.Function):
+    """moe_training/mxfp8_linear.py: mx_mm (e4m3 everywhere, block 32,
+    EMULATED); the dim1 casts are utils.py's _to_mxfp8_dim1_kernel_wrapper,
+    whose EMULATED branch quantizes the transpose made contiguous."""
+
+    @staticmethod
+    def forward(ctx, input_hp, weight_hp, mode, wgrad_with_hp):
+        ctx.save_for_backward(input_hp, weight_hp)
+        ctx.mode, ctx.wgrad_with_hp = mode, wgrad_with_hp
+        input_orig_shape = input_hp.shape
+        input_hp_r = input_hp.reshape(-1, input_orig_shape[-1])
+        output = mx_mm_emulated(mx_to(input_hp_r, mode), mx_to(weight_hp, mode))
+        return output.reshape(*input_orig_shape[:-1], output.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_output_hp):
+        input_hp, weight_hp = ctx.saved_tensors
+        mode = ctx.mode
+        grad_output_hp = grad_output_hp.contiguous()
+        grad_output_hp_r = grad_output_hp.reshape(-1, grad_output_hp.shape[-1])
+        input_hp_r = input_hp.reshape(-1, input_hp.shape[-1])
+        grad_output_mx_dim0 = mx_to(grad_output_hp_r, mode)
+        weight_mx_dim1 = mx_to(weight_hp.t().contiguous(), mode)
+        grad_input = mx_mm_emulated(grad_output_mx_dim0, weight_mx_dim1)
+        if ctx.wgrad_with_hp:
+            grad_weight = torch.mm(grad_output_hp_r.t(), input_hp_r)
+        else:
+            grad_output_mx_dim1 = mx_to(grad_output_hp_r.t().contiguous(), mode)  # [N, M]
+            input_t_mx_dim0_tmp = mx_to(input_hp_r.t().contiguous(), mode)  # [K, M], used as .t()
+            grad_weight = mx_mm_emulated(grad_output_mx_dim1, input_t_mx_dim0_tmp)
+        return grad_input, grad_weight, None, None
+
+
+def mxfp8_linear(x, linear, mode, wgrad_with_hp):  # MXFP8Linear.forward
+    output = mx_mm.apply(x, linear.weight, mode, wgrad_with_hp)
+    if linear.bias is not None:
+        output = output + linear.bias.to(output.dtype)
+    return output
+
+
+def train(mode, wgrad_with_hp, steps=30):
+    """What block_scaled_parity.cc's train() runs: parity_io's MLP, fp32, SGD with momentum."""
+    model = make_mlp()
+    torch.manual_seed(1)
+    x = torch.randn(steps, 32, 64) * 4
+    y = torch.randint(0, 10, (steps, 32))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=False)
+    fc = [m for m in model if isinstance(m, torch.nn.Linear)]
+    losses = []
+    for i in range(steps):
+        opt.zero_grad()
+        h = torch.relu(mxfp8_linear(x[i], fc[0], mode, wgrad_with_hp))
+        h = torch.relu(mxfp8_linear(h, fc[1], mode, wgrad_with_hp))
+        loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, fc[2].weight, fc[2].bias), y[i])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return [torch.tensor(losses).view(torch.int32)] + [p.detach().view(torch.int32) for p in model.parameters()]
+
+
 # --- the comparison ------------------------------------------------------------
 def as_bytes(t):
     return t.contiguous().view(torch.uint8)
@@ -368,7 +449,19 @@ def main():
         check(name + " wgrad operand scales", cpp_nv[j + 2], as_bytes(sx))
         check(name + " wgrad operand amax", cpp_nv[j + 3], amax.view(torch.int32))
         j += 4
-    if i != len(cpp_mx) or j != len(cpp_nv):
+    cpp_train = torch.load(f"{out}/cpp_train.pt", weights_only=False)
+    k = 0
+    for mode, hp in (("rceil", False), ("floor", False), ("rceil", True)):
+        ours = train(mode, hp)
+        name = f"mxfp8 linear training {mode}{' wgrad_with_hp' if hp else ''}"
+        check(name + " losses", cpp_train[k], ours[0])
+        first = next((s for s in range(ours[0].numel()) if cpp_train[k][s] != ours[0][s]), None)
+        if first is not None:
+            failures.append(f"{name}: the losses part at step {first}")
+        for p, t in enumerate(ours[1:]):
+            check(f"{name} parameter {p}", cpp_train[k + 1 + p], t)
+        k += len(ours)
+    if i != len(cpp_mx) or j != len(cpp_nv) or k != len(cpp_train):
         failures.append(f"the C++ half wrote {len(cpp_mx)} MX and {len(cpp_nv)} NVFP4 tensors, the twin read {i} and {j}")
     for f in failures:
         print("FAIL", f)
