@@ -34,6 +34,9 @@
 // float8: the recipes, the float8 linear, the Float8 policy
 #include "amp/float8/delayed.h"
 #include "amp/float8/linear.h"
+#include "amp/float8/mxfp8.h"
+#include "amp/float8/mxfp8_linear.h"
+#include "amp/float8/nvfp4.h"
 #include "amp/float8/policy.h"
 #include "amp/float8/recipe.h"
 // train: Stepper, Trainer, Fabric, checkpoints, history

@@ -8,6 +8,15 @@
 // CUDA from 2.5; CPU measured on 2.14, the first line here whose CPU kernel
 // takes them. On CUDA it needs compute capability 8.9+, which is a run-time
 // question.
+//
+// Block-scaled formats (amp/float8/mxfp8.h, nvfp4.h): at::kFloat8_e8m0fnu
+// (MX scales) and at::kFloat4_e2m1fn_x2 (two FP4 codes a byte) are in 2.14's
+// c10/core/ScalarType.h and not in 2.6's (measured); amp views its bytes as
+// them from 2.8, a release that has both, and keeps plain bytes (at::kByte)
+// before: the formats are bits, the dtypes only names for them. An eager
+// fp32 -> e4m3fn cast saturates finite values beyond +-448 from 2.13 and
+// gives NaN before (torchao's mx_tensor.py, _TORCH_VERSION_AT_LEAST_2_13, for
+// pytorch#177870 and #178817): before 2.13 torchao's to_mx clamps first.
 #pragma once
 
 #include "amp/version.h"
@@ -32,6 +41,16 @@
 #else
 #define AMP_DETAIL_HAS_CPU_ROWWISE_FLOAT8 0
 #endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+#define AMP_DETAIL_HAS_BLOCK_SCALED_DTYPES 1
+#else
+#define AMP_DETAIL_HAS_BLOCK_SCALED_DTYPES 0
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+#define AMP_DETAIL_E4M3_CAST_SATURATES 1
+#else
+#define AMP_DETAIL_E4M3_CAST_SATURATES 0
+#endif
 
 namespace amp {
 namespace detail {
@@ -47,8 +66,11 @@ inline constexpr bool kHasFloat8Dtype = AMP_DETAIL_HAS_FLOAT8_DTYPE;  // at::kFl
 inline constexpr bool kHasFloat8Matmul = AMP_DETAIL_HAS_FLOAT8_MATMUL;
 inline constexpr bool kCpuHasScaledMm = AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL;
 inline constexpr bool kCpuHasRowwiseScaledMm = AMP_DETAIL_HAS_CPU_ROWWISE_FLOAT8;
+inline constexpr bool kHasBlockScaledDtypes = AMP_DETAIL_HAS_BLOCK_SCALED_DTYPES;  // e8m0fnu, e2m1fn_x2
+inline constexpr bool kE4m3CastSaturates = AMP_DETAIL_E4M3_CAST_SATURATES;
 static_assert(kHasFloat8Dtype == libtorch_at_least(2, 1) && kHasFloat8Matmul == libtorch_at_least(2, 5) &&
-                  kCpuHasScaledMm == libtorch_at_least(2, 8) && kCpuHasRowwiseScaledMm == libtorch_at_least(2, 14),
+                  kCpuHasScaledMm == libtorch_at_least(2, 8) && kCpuHasRowwiseScaledMm == libtorch_at_least(2, 14) &&
+                  kHasBlockScaledDtypes == libtorch_at_least(2, 8) && kE4m3CastSaturates == libtorch_at_least(2, 13),
               "amp: compat_float8.h's float8 switches disagree with version.h");
 
 }  // namespace compat
