@@ -38,6 +38,7 @@ namespace lowbit {
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 // nearest_code for 8 values at a time: the same comparisons, the probes
@@ -105,69 +106,223 @@ __attribute__((target("avx512f,avx2,fma"))) inline void nearest_codes_avx512(con
   }
 }
 
-// quantize_block with the search above (8-/4-bit; fp8 as quantize_block).
+// nearest_code from a threshold table (lowbit_threshold.h), 8 values at a
+// time: the key's bucket entry gathered, base + (offset >= threshold), NaN 0.
+__attribute__((target("avx2,fma"))) inline void table_codes_avx2(const float* x, int64_t n, float scale,
+                                                                 const ThresholdTable& t, int32_t* codes) {
+  const __m256 divisor = _mm256_set1_ps(scale);
+  const __m256i top = _mm256_set1_epi32(static_cast<int32_t>(0x80000000u)), low8 = _mm256_set1_epi32(0xFF);
+  const __m256i offset_mask = _mm256_set1_epi32(static_cast<int32_t>((1u << t.shift) - 1u)), one = _mm256_set1_epi32(1);
+  const __m128i shift = _mm_cvtsi32_si128(t.shift), eight = _mm_cvtsi32_si128(8);
+  const int* table = reinterpret_cast<const int*>(t.entries.data());
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), divisor);
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i key = _mm256_xor_si256(bits, _mm256_or_si256(_mm256_srai_epi32(bits, 31), top));
+    const __m256i e = _mm256_i32gather_epi32(table, _mm256_srl_epi32(key, shift), 4);
+    // offset >= threshold, both below 2^24: offset + 1 > threshold
+    const __m256i ge =
+        _mm256_cmpgt_epi32(_mm256_add_epi32(_mm256_and_si256(key, offset_mask), one), _mm256_srl_epi32(e, eight));
+    const __m256i code = _mm256_sub_epi32(_mm256_and_si256(e, low8), ge);
+    const __m256i ordered = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), _mm256_and_si256(code, ordered));
+  }
+}
+
+#define AMP_DETAIL_LOWBIT_AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+// One moment's encoder for a block with AVX-512: 16 values divided by the
+// block's scale, their codes from the threshold table (one gather) or, for a
+// 16-level map, the register search (its 15 thresholds in one register, a
+// 4-step binary search by lane permutes), stored as bytes. fp8: the table of
+// c10's conversion on |v|'s bits, the sign bit or-ed in.
+struct Encoder512 {
+  __m512 divisor;
+  __m512i offset_mask, thresholds;
+  __m128i shift;
+  const int* entries;
+  bool sixteen, four_bit, fp8;
+  uint8_t* out;  // the block's first code byte
+
+  AMP_DETAIL_LOWBIT_AVX512 Encoder512(const ThresholdTable& t, float scale, StateFormat format, uint8_t* codes)
+      : divisor(_mm512_set1_ps(scale)),
+        offset_mask(_mm512_set1_epi32(static_cast<int32_t>((1u << t.shift) - 1u))),
+        thresholds(_mm512_loadu_si512(t.thresholds.data())),
+        shift(_mm_cvtsi32_si128(t.shift)),
+        entries(reinterpret_cast<const int*>(t.entries.data())),
+        sixteen(format == StateFormat::kInt4 && t.map.size() == 16),
+        four_bit(format == StateFormat::kInt4),
+        fp8(format == StateFormat::kFp8),
+        out(codes) {}
+
+  AMP_DETAIL_LOWBIT_AVX512 C10_ALWAYS_INLINE __m512i table_code(__m512i key) const {
+    const __m512i e = _mm512_i32gather_epi32(_mm512_srl_epi32(key, shift), entries, 4);
+    const __mmask16 ge = _mm512_cmp_epu32_mask(_mm512_and_si512(key, offset_mask),
+                                               _mm512_srl_epi32(e, _mm_cvtsi32_si128(8)), _MM_CMPINT_NLT);
+    const __m512i base = _mm512_and_si512(e, _mm512_set1_epi32(0xFF));
+    return _mm512_mask_add_epi32(base, ge, base, _mm512_set1_epi32(1));
+  }
+
+  AMP_DETAIL_LOWBIT_AVX512 C10_ALWAYS_INLINE __m512i codes(__m512 v) const {
+    const __m512i bits = _mm512_castps_si512(v);
+    if (fp8) {
+      const __m512i sign = _mm512_set1_epi32(static_cast<int32_t>(0x80000000u));
+      return _mm512_or_si512(table_code(_mm512_andnot_si512(sign, bits)),
+                             _mm512_srli_epi32(_mm512_and_si512(bits, sign), 24));
+    }
+    const __m512i key = _mm512_xor_si512(
+        bits, _mm512_or_si512(_mm512_srai_epi32(bits, 31), _mm512_set1_epi32(static_cast<int32_t>(0x80000000u))));
+    __m512i code;
+    if (sixteen) {
+      code = _mm512_setzero_si512();
+      for (int step = 8; step >= 1; step /= 2) {
+        const __m512i probe = _mm512_permutexvar_epi32(_mm512_add_epi32(code, _mm512_set1_epi32(step - 1)), thresholds);
+        code = _mm512_mask_add_epi32(code, _mm512_cmp_epu32_mask(key, probe, _MM_CMPINT_NLT), code,
+                                     _mm512_set1_epi32(step));
+      }
+    } else {
+      code = table_code(key);
+    }
+    return _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), code);  // NaN: code 0
+  }
+
+  // Values [i, i + 16) of the block (x: its first value) to their code bytes:
+  // 8-bit and fp8 one per byte, 4-bit two (element 2k in byte k's high nibble).
+  AMP_DETAIL_LOWBIT_AVX512 C10_ALWAYS_INLINE void encode(const float* x, int64_t i) const {
+    const __m512i code = codes(_mm512_div_ps(_mm512_loadu_ps(x + i), divisor));
+    if (four_bit) {
+      const __m512i pairs = _mm512_or_si512(_mm512_slli_epi32(code, 4), _mm512_srli_epi64(code, 32));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2), _mm512_cvtepi64_epi8(pairs));
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(code));
+    }
+  }
+};
+
+// A table's codes with AVX-512, 16 values at a time, as int32 (8-/4-bit:
+// nearest_code; fp8: c10's conversion).
+AMP_DETAIL_LOWBIT_AVX512 inline void table_codes_avx512(const float* x, int64_t n, float scale, const ThresholdTable& t,
+                                                        StateFormat format, int32_t* codes) {
+  const Encoder512 e(t, scale, format, nullptr);
+  for (int64_t i = 0; i < n; i += 16)
+    _mm512_storeu_si512(codes + i, e.codes(_mm512_div_ps(_mm512_loadu_ps(x + i), e.divisor)));
+}
+
+// A block's n values (a multiple of 16) to their code bytes.
+AMP_DETAIL_LOWBIT_AVX512 inline void encode_block_avx512(const ThresholdTable& t, float scale, StateFormat format,
+                                                         const float* x, int64_t n, uint8_t* out) {
+  const Encoder512 e(t, scale, format, out);
+  for (int64_t i = 0; i < n; i += 16) e.encode(x, i);
+}
+
 // The absmax of n values (a multiple of 16) as quantize_block's loop finds it:
 // NaNs set *nan and are skipped (max_ps returns its second operand for a NaN).
-__attribute__((target("avx512f,avx2,fma"))) inline float absmax_avx512(const float* x, int64_t n, bool* nan) {
+AMP_DETAIL_LOWBIT_AVX512 C10_ALWAYS_INLINE void absmax_step(__m512 x, __m512* acc, __mmask16* unordered) {
+  const __m512 a = _mm512_abs_ps(x);
+  *unordered = static_cast<__mmask16>(*unordered | _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q));
+  *acc = _mm512_max_ps(a, *acc);
+}
+
+AMP_DETAIL_LOWBIT_AVX512 inline float absmax_avx512(const float* x, int64_t n, bool* nan) {
   __m512 acc = _mm512_setzero_ps();
   __mmask16 unordered = 0;
-  for (int64_t i = 0; i < n; i += 16) {
-    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
-    unordered = static_cast<__mmask16>(unordered | _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q));
-    acc = _mm512_max_ps(a, acc);
-  }
+  for (int64_t i = 0; i < n; i += 16) absmax_step(_mm512_loadu_ps(x + i), &acc, &unordered);
   *nan = unordered != 0;
   return _mm512_reduce_max_ps(acc);
 }
 
 // n codes (int32, each < 256) to bytes.
-__attribute__((target("avx512f,avx2,fma"))) inline void bytes_avx512(const int32_t* codes, int64_t n, uint8_t* out) {
+AMP_DETAIL_LOWBIT_AVX512 inline void bytes_avx512(const int32_t* codes, int64_t n, uint8_t* out) {
   for (int64_t i = 0; i < n; i += 16)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(_mm512_loadu_si512(codes + i)));
 }
 
+// Whether a block's moment takes a vector search (else quantize_block):
+// 8-/4-bit maps that ascend; fp8 with AVX-512 and its table.
+template <bool Avx512>
+C10_ALWAYS_INLINE bool vector_search(const MomentRef& q, int64_t n) {
+  if (n % 16 != 0) return false;
+  return q.format == StateFormat::kFp8 ? Avx512 && q.table != nullptr : q.ascending;
+}
+
+// The block's scale from its clipped absmax: quantize_block's.
+C10_ALWAYS_INLINE float block_scale(const MomentRef& q, float clipped) {
+  return q.format == StateFormat::kFp8 ? clipped / static_cast<float>(kFloat8E4M3Max) : clipped;
+}
+
+// The block's clipped absmax: `clipped` when the first pass found it, else a pass here.
+template <bool Avx512>
+C10_ALWAYS_INLINE float block_clipped(const float* x, int64_t n, const float* clipped) {
+  if (clipped != nullptr) return *clipped;
+  if (!Avx512) return clipped_absmax(x, n);
+  bool nan = false;
+  const float amax = absmax_avx512(x, n, &nan);  // before nan is read
+  return clip_absmax(amax, nan);
+}
+
+// quantize_block with the searches above.
 template <bool Avx512>
 C10_ALWAYS_INLINE void quantize_moment_block_vector(const float* x, int64_t n, const MomentRef& q, int64_t block,
-                                                    int32_t* scratch) {
-  if (q.format == StateFormat::kFp8 || n % 16 != 0 || !q.ascending) return quantize_moment_block(x, n, q, block);
-  float clipped;
-  if (Avx512) {
-    bool nan = false;
-    const float amax = absmax_avx512(x, n, &nan);  // before nan is read
-    clipped = clip_absmax(amax, nan);
-  } else {
-    clipped = clipped_absmax(x, n);
-  }
+                                                    int32_t* scratch, const float* clipped_in) {
+  if (!vector_search<Avx512>(q, n)) return quantize_moment_block(x, n, q, block);
+  const float clipped = block_scale(q, block_clipped<Avx512>(x, n, clipped_in));
   q.scale[block] = clipped;
+  const bool four_bit = q.format == StateFormat::kInt4;
+  uint8_t* out = q.codes + (four_bit ? block * n / 2 : block * n);
+  if (Avx512 && q.table != nullptr) return encode_block_avx512(*q.table, clipped, q.format, x, n, out);
   if (Avx512) {
     nearest_codes_avx512(x, n, clipped, q.map, q.levels, q.columns, scratch);
+  } else if (q.table != nullptr) {
+    table_codes_avx2(x, n, clipped, *q.table, scratch);
   } else {
     nearest_codes_avx2(x, n, clipped, q.map, q.levels, scratch);
   }
-  if (q.format == StateFormat::kInt8 && Avx512) {
-    bytes_avx512(scratch, n, q.codes + block * n);
-  } else if (q.format == StateFormat::kInt8) {
-    uint8_t* c = q.codes + block * n;
-    for (int64_t i = 0; i < n; ++i) c[i] = static_cast<uint8_t>(scratch[i]);
+  if (!four_bit && Avx512) {
+    bytes_avx512(scratch, n, out);
+  } else if (!four_bit) {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(scratch[i]);
   } else {
-    uint8_t* c = q.codes + block * n / 2;
-    for (int64_t i = 0; i < n; i += 2) c[i / 2] = static_cast<uint8_t>((scratch[i] << 4) | scratch[i + 1]);
+    for (int64_t i = 0; i < n; i += 2) out[i / 2] = static_cast<uint8_t>((scratch[i] << 4) | scratch[i + 1]);
   }
 }
 
 struct QuantizeAvx2 {
   int32_t* scratch;  // block_size codes
-  __attribute__((target("avx2,fma"))) void operator()(const float* x, int64_t n, const MomentRef& q,
-                                                      int64_t block) const {
-    quantize_moment_block_vector<false>(x, n, q, block, scratch);
+  __attribute__((target("avx2,fma"))) void operator()(const float* x, int64_t n, const MomentRef& q, int64_t block,
+                                                      const float* clipped) const {
+    quantize_moment_block_vector<false>(x, n, q, block, scratch, clipped);
+  }
+  __attribute__((target("avx2,fma"))) void pair(const float* m_new, const float* v_new, int64_t n, const MomentRef& m,
+                                                const MomentRef& v, int64_t block, const float* clipped) const {
+    (*this)(m_new, n, m, block, clipped);
+    (*this)(v_new, n, v, block, clipped == nullptr ? nullptr : clipped + 1);
   }
 };
 
 struct QuantizeAvx512 {
   int32_t* scratch;
-  __attribute__((target("avx512f,avx2,fma"))) void operator()(const float* x, int64_t n, const MomentRef& q,
-                                                              int64_t block) const {
-    quantize_moment_block_vector<true>(x, n, q, block, scratch);
+  AMP_DETAIL_LOWBIT_AVX512 void operator()(const float* x, int64_t n, const MomentRef& q, int64_t block,
+                                           const float* clipped) const {
+    quantize_moment_block_vector<true>(x, n, q, block, scratch, clipped);
+  }
+  // m and v in one loop where both take the table: twice the independent work per iteration.
+  AMP_DETAIL_LOWBIT_AVX512 void pair(const float* m_new, const float* v_new, int64_t n, const MomentRef& m,
+                                     const MomentRef& v, int64_t block, const float* clipped) const {
+    if (!vector_search<true>(m, n) || !vector_search<true>(v, n) || m.table == nullptr || v.table == nullptr) {
+      (*this)(m_new, n, m, block, clipped);
+      return (*this)(v_new, n, v, block, clipped == nullptr ? nullptr : clipped + 1);
+    }
+    const float m_scale = block_scale(m, block_clipped<true>(m_new, n, clipped));
+    const float v_scale = block_scale(v, block_clipped<true>(v_new, n, clipped == nullptr ? nullptr : clipped + 1));
+    m.scale[block] = m_scale;
+    v.scale[block] = v_scale;
+    const int64_t bytes = m.format == StateFormat::kInt4 ? n / 2 : n;
+    const Encoder512 em(*m.table, m_scale, m.format, m.codes + block * bytes);
+    const Encoder512 ev(*v.table, v_scale, v.format, v.codes + block * bytes);
+    for (int64_t i = 0; i < n; i += 16) {
+      em.encode(m_new, i);
+      ev.encode(v_new, i);
+    }
   }
 };
 
@@ -227,7 +382,7 @@ struct VectorPassAvx512 {
   __attribute__((target("avx512f,avx2,fma"))) bool operator()(const FusedAdam& k, P* param, P* grad, const MomentRef& m,
                                                               const MomentRef& v, const MomentRef& vmax,
                                                               const int32_t* rand16, int64_t b, float* m_new,
-                                                              float* v_new, float* vmax_new) const {
+                                                              float* v_new, float* vmax_new, float* clipped) const {
     if (!std::is_same<P, float>::value || rand16 != nullptr || k.block_size % 16 != 0) return false;
     float* pf = reinterpret_cast<float*>(param);
     float* gf = reinterpret_cast<float*>(grad);
@@ -236,6 +391,9 @@ struct VectorPassAvx512 {
     const __m512 inv_scale = _mm512_set1_ps(k.inv_scale), lr_wd = _mm512_set1_ps(k.lr_wd), wd = _mm512_set1_ps(k.wd);
     const __m512 bc1 = _mm512_set1_ps(k.bias_correction1), bc2 = _mm512_set1_ps(k.bias_correction2_sqrt);
     const __m512 eps = _mm512_set1_ps(k.eps), lr = _mm512_set1_ps(k.lr), nan = _mm512_set1_ps(k.maximum_nan);
+    // absmax_avx512's accumulation of each new moment, in the same loop
+    __m512 m_max = _mm512_setzero_ps(), v_max = _mm512_setzero_ps(), vmax_max = _mm512_setzero_ps();
+    __mmask16 m_nan = 0, v_nan = 0, vmax_nan = 0;
     for (int64_t j = 0; j < k.block_size; j += 16) {
       const int64_t i = b * k.block_size + j;
       __m512 g = _mm512_loadu_ps(gf + i);
@@ -258,6 +416,7 @@ struct VectorPassAvx512 {
         const __mmask16 unordered = _mm512_cmp_ps_mask(old, vv, _CMP_UNORD_Q);
         const __m512 mx = _mm512_mask_blend_ps(unordered, _mm512_max_ps(old, vv), nan);  // at::maximum
         _mm512_storeu_ps(vmax_new + j, mx);
+        absmax_step(mx, &vmax_max, &vmax_nan);
         denom = _mm512_sqrt_ps(mx);
       } else {
         denom = _mm512_sqrt_ps(vv);
@@ -268,7 +427,12 @@ struct VectorPassAvx512 {
       _mm512_storeu_ps(pf + i, _mm512_sub_ps(p, update));
       _mm512_storeu_ps(m_new + j, mv);
       _mm512_storeu_ps(v_new + j, vv);
+      absmax_step(mv, &m_max, &m_nan);
+      absmax_step(vv, &v_max, &v_nan);
     }
+    clipped[0] = clip_absmax(_mm512_reduce_max_ps(m_max), m_nan != 0);
+    clipped[1] = clip_absmax(_mm512_reduce_max_ps(v_max), v_nan != 0);
+    clipped[2] = clip_absmax(_mm512_reduce_max_ps(vmax_max), vmax_nan != 0);
     return true;
   }
 };
