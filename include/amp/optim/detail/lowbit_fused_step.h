@@ -33,18 +33,21 @@ namespace lowbit {
 // The vector ISA the fused step uses: the best this CPU has, at most
 // isa_limit() (tests lower it to check every loop on one machine). The bits
 // are the same on every ISA.
-enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAvx512Vbmi: AVX-512 with VBMI's byte permutes for the 8-bit/fp8 lookups.
+enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vbmi = 3 };
 
 inline std::atomic<int>& isa_limit() {
-  static std::atomic<int> limit{static_cast<int>(Isa::kAvx512)};
+  static std::atomic<int> limit{static_cast<int>(Isa::kAvx512Vbmi)};
   return limit;
 }
 
 inline Isa cpu_isa() {
 #if AMP_DETAIL_LOWBIT_X86_CLONES
   static const Isa best = !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? Isa::kPortable
-                          : __builtin_cpu_supports("avx512f")                                ? Isa::kAvx512
-                                                                                             : Isa::kAvx2;
+                          : !__builtin_cpu_supports("avx512f")                               ? Isa::kAvx2
+                          : __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi")
+                              ? Isa::kAvx512Vbmi
+                              : Isa::kAvx512;
 #else
   static const Isa best = Isa::kPortable;
 #endif
@@ -58,9 +61,11 @@ void fused_adam_step(const FusedAdam& k, P* param, P* grad, int64_t numel, const
   const int64_t blocks = (numel + k.block_size - 1) / k.block_size;
   const Isa isa = cpu_isa();
   parallel_chunks(blocks, /*grain=*/16, [&](int64_t b0, int64_t b1) {
-    std::vector<float> buffer(static_cast<size_t>(4 * k.block_size));  // three moments' values, the codes
+    // three new moments' values, the codes, two old moments' values
+    std::vector<float> buffer(static_cast<size_t>(6 * k.block_size));
 #if AMP_DETAIL_LOWBIT_X86_CLONES
-    if (isa == Isa::kAvx512) return adam_blocks_avx512(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data());
+    if (isa >= Isa::kAvx512)
+      return adam_blocks_avx512(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data(), isa == Isa::kAvx512Vbmi);
     if (isa == Isa::kAvx2) return adam_blocks_avx2(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data());
 #endif
     adam_blocks_portable(k, param, grad, m, v, vmax, rand16, b0, b1, buffer.data());

@@ -5,7 +5,7 @@
 // attributes, chosen at run time: no -march needed). Each operation rounds
 // as the scalar kernel's (optim/detail/lowbit_block.h).
 //
-//   amp::detail::lowbit::adam_blocks_avx512(k, param, grad, m, v, vmax, rand16, b0, b1, buffer);
+//   amp::detail::lowbit::adam_blocks_avx512(k, param, grad, m, v, vmax, rand16, b0, b1, buffer, vbmi);
 #pragma once
 
 #include <c10/macros/Macros.h>
@@ -340,6 +340,40 @@ inline const float* fp8_values() {
   return table.data();
 }
 
+#define AMP_DETAIL_LOWBIT_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi,avx2,fma")))
+
+// A block's n codes (a multiple of 64; 8-bit or fp8) to their fp32 values
+// with AVX512-VBMI byte permutes instead of gathers: the 256 values as 4 byte
+// planes (ThresholdTable::planes), each plane looked up for 64 codes by two
+// vpermt2b over 128 bytes and a blend on the code's top bit, the planes'
+// bytes interleaved back into floats (the codes first permuted so that the
+// in-lane unpacks give the floats in order).
+AMP_DETAIL_LOWBIT_VBMI inline void lookup_block_vbmi(const uint8_t* codes, int64_t n, const uint8_t* planes,
+                                                     float* out) {
+  alignas(64) static constexpr uint8_t kOrder[64] = {
+      0,  1,  2,  3,  16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51, 4,  5,  6,  7,  20, 21,
+      22, 23, 36, 37, 38, 39, 52, 53, 54, 55, 8,  9,  10, 11, 24, 25, 26, 27, 40, 41, 42, 43,
+      56, 57, 58, 59, 12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47, 60, 61, 62, 63};  // [16L+4q+r] = 16q+4L+r
+  const __m512i order = _mm512_load_si512(kOrder);
+  __m512i table[4][4];
+  for (int k = 0; k < 4; ++k)
+    for (int h = 0; h < 4; ++h) table[k][h] = _mm512_loadu_si512(planes + 256 * k + 64 * h);
+  for (int64_t i = 0; i < n; i += 64) {
+    const __m512i idx = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(codes + i));
+    const __mmask64 high = _mm512_movepi8_mask(idx);
+    __m512i byte[4];
+    for (int k = 0; k < 4; ++k)
+      byte[k] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(table[k][0], idx, table[k][1]),
+                                       _mm512_permutex2var_epi8(table[k][2], idx, table[k][3]));
+    const __m512i w_lo = _mm512_unpacklo_epi8(byte[0], byte[1]), w_hi = _mm512_unpackhi_epi8(byte[0], byte[1]);
+    const __m512i x_lo = _mm512_unpacklo_epi8(byte[2], byte[3]), x_hi = _mm512_unpackhi_epi8(byte[2], byte[3]);
+    _mm512_storeu_si512(out + i, _mm512_unpacklo_epi16(w_lo, x_lo));
+    _mm512_storeu_si512(out + i + 16, _mm512_unpackhi_epi16(w_lo, x_lo));
+    _mm512_storeu_si512(out + i + 32, _mm512_unpacklo_epi16(w_hi, x_hi));
+    _mm512_storeu_si512(out + i + 48, _mm512_unpackhi_epi16(w_hi, x_hi));
+  }
+}
+
 // x as a rounded fp32 vector (rounded()'s twin).
 __attribute__((target("avx512f,avx2,fma"))) inline __m512 rounded512(__m512 x) {
   __asm__("" : "+v"(x));
@@ -376,8 +410,19 @@ __attribute__((target("avx512f,avx2,fma"))) inline __m512 lerp16(LerpRounding r,
 }
 
 // The scalar loop's arithmetic on 16 fp32 parameters at a time (bf16
-// parameters and stochastic rounding take the scalar loop).
+// parameters and stochastic rounding take the scalar loop). `vbmi`: m's and
+// v's 8-bit/fp8 codes are looked up a block at a time by lookup_block_vbmi
+// into `old` (2 block_size floats) instead of gathered.
 struct VectorPassAvx512 {
+  float* old = nullptr;
+  bool vbmi = false;
+
+  // Whether q's block values come from lookup_block_vbmi.
+  bool looked_up(const MomentRef& q, int64_t block_size) const {
+    return vbmi && q.table != nullptr && q.table->planes.size() == 1024 && q.format != StateFormat::kInt4 &&
+           block_size % 64 == 0;
+  }
+
   template <typename P>
   __attribute__((target("avx512f,avx2,fma"))) bool operator()(const FusedAdam& k, P* param, P* grad, const MomentRef& m,
                                                               const MomentRef& v, const MomentRef& vmax,
@@ -388,6 +433,12 @@ struct VectorPassAvx512 {
     float* gf = reinterpret_cast<float*>(grad);
     const float* fp8 = fp8_values();
     const float m_scale = m.scale[b], v_scale = v.scale[b], vmax_scale = k.amsgrad ? vmax.scale[b] : 0.f;
+    const bool m_looked_up = looked_up(m, k.block_size), v_looked_up = looked_up(v, k.block_size);
+    float* m_old = old;
+    float* v_old = old + k.block_size;
+    if (m_looked_up) lookup_block_vbmi(m.codes + b * k.block_size, k.block_size, m.table->planes.data(), m_old);
+    if (v_looked_up) lookup_block_vbmi(v.codes + b * k.block_size, k.block_size, v.table->planes.data(), v_old);
+    const __m512 m_scale16 = _mm512_set1_ps(m_scale), v_scale16 = _mm512_set1_ps(v_scale);
     const __m512 inv_scale = _mm512_set1_ps(k.inv_scale), lr_wd = _mm512_set1_ps(k.lr_wd), wd = _mm512_set1_ps(k.wd);
     const __m512 bc1 = _mm512_set1_ps(k.bias_correction1), bc2 = _mm512_set1_ps(k.bias_correction2_sqrt);
     const __m512 eps = _mm512_set1_ps(k.eps), lr = _mm512_set1_ps(k.lr), nan = _mm512_set1_ps(k.maximum_nan);
@@ -407,9 +458,13 @@ struct VectorPassAvx512 {
       } else {
         g = _mm512_add_ps(rounded512(_mm512_mul_ps(p, wd)), g);
       }
-      const __m512 mv = lerp16(k.lerp, dequantized16(m, i, m_scale, fp8), g, k.w1);
+      const __m512 m_prev = m_looked_up ? rounded512(_mm512_mul_ps(_mm512_loadu_ps(m_old + j), m_scale16))
+                                        : dequantized16(m, i, m_scale, fp8);
+      const __m512 mv = lerp16(k.lerp, m_prev, g, k.w1);
       const __m512 g2 = rounded512(_mm512_mul_ps(g, g));
-      const __m512 vv = lerp16(k.lerp, dequantized16(v, i, v_scale, fp8), g2, k.w2);
+      const __m512 v_prev = v_looked_up ? rounded512(_mm512_mul_ps(_mm512_loadu_ps(v_old + j), v_scale16))
+                                        : dequantized16(v, i, v_scale, fp8);
+      const __m512 vv = lerp16(k.lerp, v_prev, g2, k.w2);
       __m512 denom;
       if (k.amsgrad) {
         const __m512 old = dequantized16(vmax, i, vmax_scale, fp8);
@@ -448,14 +503,16 @@ __attribute__((target("avx2,fma"))) void adam_blocks_avx2(const FusedAdam& k, P*
               QuantizeAvx2{reinterpret_cast<int32_t*>(buffer + 3 * k.block_size)}, NoVectorPass{});
 }
 
-// The same loop again with the AVX-512 search.
+// The same loop again with the AVX-512 search; `vbmi`: the CPU has
+// AVX512-VBMI (lookup_block_vbmi). buffer: 6 * block_size floats.
 template <typename P>
 __attribute__((target("avx512f,avx2,fma"))) void adam_blocks_avx512(const FusedAdam& k, P* param, P* grad,
                                                                     const MomentRef& m, const MomentRef& v,
                                                                     const MomentRef& vmax, const int32_t* rand16,
-                                                                    int64_t b0, int64_t b1, float* buffer) {
+                                                                    int64_t b0, int64_t b1, float* buffer, bool vbmi) {
   adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer,
-              QuantizeAvx512{reinterpret_cast<int32_t*>(buffer + 3 * k.block_size)}, VectorPassAvx512{});
+              QuantizeAvx512{reinterpret_cast<int32_t*>(buffer + 3 * k.block_size)},
+              VectorPassAvx512{buffer + 4 * k.block_size, vbmi});
 }
 
 #if defined(__GNUC__) && !defined(__clang__)

@@ -78,6 +78,16 @@ struct ThresholdTable {
   std::vector<uint32_t> entries;
   std::vector<uint32_t> thresholds;  // T_1 .. T_top, then 0xFFFFFFFF up to 16 (the 16-level register search)
   std::vector<float> map;            // the map it was built from (8-/4-bit)
+  std::vector<uint8_t> planes;       // 256 codes' fp32 values as 4 byte planes: byte k of value c at 256 k + c
+
+  void set_planes(const float* values) {  // 256 values (8-bit maps, fp8): the VBMI dequantization's table
+    planes.assign(1024, 0);
+    for (int c = 0; c < 256; ++c) {
+      uint32_t bits;
+      std::memcpy(&bits, &values[c], 4);
+      for (int k = 0; k < 4; ++k) planes[static_cast<size_t>(256 * k + c)] = static_cast<uint8_t>(bits >> (8 * k));
+    }
+  }
 
   C10_ALWAYS_INLINE uint32_t key_code(uint32_t key) const {
     const uint32_t e = entries[key >> shift];
@@ -124,6 +134,7 @@ inline ThresholdTable build_threshold_table(const float* m, int64_t levels) {
   auto code = [&](uint32_t key) { return nearest_code(key_float(key), m, levels); };
   ThresholdTable out = table_of(code_thresholds(code, kKeyNegInf, kKeyPosInf, levels - 1));
   if (out.shift != 0) out.map.assign(m, m + levels);
+  if (out.shift != 0 && levels == 256) out.set_planes(m);
   return out;
 }
 
@@ -142,7 +153,12 @@ C10_ALWAYS_INLINE uint32_t fp8_bits_of(uint32_t bits) {
 inline const ThresholdTable& fp8_threshold_table() {
   static const ThresholdTable table = [] {
     auto g = [](uint32_t abs_bits) { return static_cast<int64_t>(fp8_bits_of(abs_bits)); };
-    return table_of(code_thresholds(g, 0u, 0x7FFFFFFFu, g(0x7FFFFFFFu)));
+    ThresholdTable t = table_of(code_thresholds(g, 0u, 0x7FFFFFFFu, g(0x7FFFFFFFu)));
+    float values[256];
+    for (int c = 0; c < 256; ++c)
+      values[c] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(c), c10::Float8_e4m3fn::from_bits()));
+    if (t.shift != 0) t.set_planes(values);
+    return t;
   }();
   return table;
 }
