@@ -9,12 +9,12 @@
 #pragma once
 
 #include <c10/macros/Macros.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "amp/detail/compat_float8.h"
@@ -409,8 +409,47 @@ __attribute__((target("avx512f,avx2,fma"))) inline __m512 lerp16(LerpRounding r,
                                  : _mm512_sub_ps(end, rounded512(_mm512_mul_ps(d, _mm512_set1_ps(1.f - w))));
 }
 
-// The scalar loop's arithmetic on 16 fp32 parameters at a time (bf16
-// parameters and stochastic rounding take the scalar loop). `vbmi`: m's and
+// 16 parameters or gradients as fp32 (bf16 widened: its bits are fp32's high half).
+AMP_DETAIL_LOWBIT_AVX512 C10_ALWAYS_INLINE __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+AMP_DETAIL_LOWBIT_AVX512 C10_ALWAYS_INLINE __m512 load16(const c10::BFloat16* x) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// c10::BFloat16(float)'s bits (round to nearest even, a NaN to 0x7FC0), in the low half of each lane.
+AMP_DETAIL_LOWBIT_AVX512 C10_ALWAYS_INLINE __m512i bf16_bits16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i bias =
+      _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7FFF));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+}
+
+// static_cast<P>(x) stored; returns the stored value as fp32.
+AMP_DETAIL_LOWBIT_AVX512 C10_ALWAYS_INLINE __m512 store16(float* out, __m512 x) {
+  _mm512_storeu_ps(out, x);
+  return x;
+}
+AMP_DETAIL_LOWBIT_AVX512 C10_ALWAYS_INLINE __m512 store16(c10::BFloat16* out, __m512 x) {
+  const __m512i b = bf16_bits16(x);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(b));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+}
+
+// torchao's _fp32_to_bf16_sr on 16 values (adam_blocks' scalar loop): up
+// when the random 16 bits are below the low 16 bits, then the bf16 cast.
+AMP_DETAIL_LOWBIT_AVX512 C10_ALWAYS_INLINE void store16_stochastic(c10::BFloat16* out, __m512 x, const int32_t* rand) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i towards_zero = _mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
+  const __mmask16 up =
+      _mm512_cmpgt_epi32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0xFFFF)), _mm512_loadu_si512(rand));
+  const __m512i r = _mm512_mask_add_epi32(towards_zero, up, towards_zero, _mm512_set1_epi32(0x10000));
+  store16(out, _mm512_castsi512_ps(r));
+}
+AMP_DETAIL_LOWBIT_AVX512 C10_ALWAYS_INLINE void store16_stochastic(float*, __m512, const int32_t*) {}
+
+// The scalar loop's arithmetic on 16 parameters (fp32 or bf16, with or
+// without stochastic rounding) at a time. `vbmi`: m's and
 // v's 8-bit/fp8 codes are looked up a block at a time by lookup_block_vbmi
 // into `old` (2 block_size floats) instead of gathered.
 struct VectorPassAvx512 {
@@ -428,9 +467,7 @@ struct VectorPassAvx512 {
                                                               const MomentRef& v, const MomentRef& vmax,
                                                               const int32_t* rand16, int64_t b, float* m_new,
                                                               float* v_new, float* vmax_new, float* clipped) const {
-    if (!std::is_same<P, float>::value || rand16 != nullptr || k.block_size % 16 != 0) return false;
-    float* pf = reinterpret_cast<float*>(param);
-    float* gf = reinterpret_cast<float*>(grad);
+    if (k.block_size % 16 != 0) return false;
     const float* fp8 = fp8_values();
     const float m_scale = m.scale[b], v_scale = v.scale[b], vmax_scale = k.amsgrad ? vmax.scale[b] : 0.f;
     const bool m_looked_up = looked_up(m, k.block_size), v_looked_up = looked_up(v, k.block_size);
@@ -447,12 +484,9 @@ struct VectorPassAvx512 {
     __mmask16 m_nan = 0, v_nan = 0, vmax_nan = 0;
     for (int64_t j = 0; j < k.block_size; j += 16) {
       const int64_t i = b * k.block_size + j;
-      __m512 g = _mm512_loadu_ps(gf + i);
-      if (k.unscale) {
-        g = rounded512(_mm512_mul_ps(g, inv_scale));
-        _mm512_storeu_ps(gf + i, g);
-      }
-      __m512 p = _mm512_loadu_ps(pf + i);
+      __m512 g = load16(grad + i);
+      if (k.unscale) g = store16(grad + i, rounded512(_mm512_mul_ps(g, inv_scale)));  // in the gradient's dtype
+      __m512 p = load16(param + i);
       if (k.adamw) {
         p = _mm512_sub_ps(p, rounded512(_mm512_mul_ps(p, lr_wd)));
       } else {
@@ -479,7 +513,11 @@ struct VectorPassAvx512 {
       denom = _mm512_add_ps(_mm512_div_ps(denom, bc2), eps);
       __m512 update = rounded512(_mm512_mul_ps(_mm512_div_ps(mv, bc1), lr));
       update = _mm512_div_ps(update, denom);
-      _mm512_storeu_ps(pf + i, _mm512_sub_ps(p, update));
+      if (rand16 != nullptr) {
+        store16_stochastic(param + i, _mm512_sub_ps(p, update), rand16 + i);
+      } else {
+        store16(param + i, _mm512_sub_ps(p, update));
+      }
       _mm512_storeu_ps(m_new + j, mv);
       _mm512_storeu_ps(v_new + j, vv);
       absmax_step(mv, &m_max, &m_nan);
