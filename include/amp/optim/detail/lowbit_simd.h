@@ -134,8 +134,9 @@ __attribute__((target("avx2,fma"))) inline void table_codes_avx2(const float* x,
 // One moment's encoder for a block with AVX-512: 16 values divided by the
 // block's scale, their codes from the threshold table (one gather) or, for a
 // 16-level map, the register search (its 15 thresholds in one register, a
-// 4-step binary search by lane permutes), stored as bytes. fp8: the table of
-// c10's conversion on |v|'s bits, the sign bit or-ed in.
+// 4-step binary search by lane permutes), stored as bytes. fp8: c10's
+// conversion on |v|'s bits (arithmetic, or its table from 464 up), the sign
+// bit or-ed in.
 struct Encoder512 {
   __m512 divisor;
   __m512i offset_mask, thresholds;
@@ -167,8 +168,23 @@ struct Encoder512 {
     const __m512i bits = _mm512_castps_si512(v);
     if (fp8) {
       const __m512i sign = _mm512_set1_epi32(static_cast<int32_t>(0x80000000u));
-      return _mm512_or_si512(table_code(_mm512_andnot_si512(sign, bits)),
-                             _mm512_srli_epi32(_mm512_and_si512(bits, sign), 24));
+      const __m512i a = _mm512_andnot_si512(sign, bits);
+      // Below 464 in magnitude every LibTorch line's conversion is the same
+      // arithmetic (c10's fp8e4m3fn_from_fp32_value): a denormal add below
+      // 2^-6, else round to nearest even on the bits. From 464 up (inf and
+      // NaN too) the lines differ (2.14 saturates): the table, built from
+      // this line's conversion. All 2^32 floats compared by hand on 2.6 and 2.14.
+      const __m512i denorm = _mm512_set1_epi32(141 << 23);
+      const __m512i small = _mm512_sub_epi32(
+          _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(denorm))), denorm);
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
+      const __m512i bias = _mm512_set1_epi32(static_cast<int32_t>((static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu));
+      const __m512i normal = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, bias), odd), 20);
+      __m512i code = _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(121 << 23)), normal, small);
+      code = _mm512_and_si512(code, _mm512_set1_epi32(0xFF));
+      const __mmask16 big = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(0x43E80000));  // 464.0f
+      if (big != 0) code = _mm512_mask_mov_epi32(code, big, table_code(a));
+      return _mm512_or_si512(code, _mm512_srli_epi32(_mm512_and_si512(bits, sign), 24));
     }
     const __m512i key = _mm512_xor_si512(
         bits, _mm512_or_si512(_mm512_srai_epi32(bits, 31), _mm512_set1_epi32(static_cast<int32_t>(0x80000000u))));
