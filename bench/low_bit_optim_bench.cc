@@ -8,9 +8,12 @@
 //   bazel run -c opt //bench:low_bit_optim_bench
 //   OMP_NUM_THREADS=2 build/bench/low_bit_optim_bench --benchmark_min_time=2      (CMake)
 //
-// Every benchmark steps the same ~10M fp32 parameters (two 2048x2048, 512x2048,
-// 512x1024 and two biases, seeded alike) whose gradients are fixed random
-// tensors set once; a few untimed steps first make the optimizer's state.
+// Every benchmark steps the same ~10M fp32 parameters (two 2048x2048,
+// 512x2048, 512x1024 and two biases, seeded alike; bf16 in the *Bf16 cases,
+// against ATen's fused AdamW on the same bf16 parameters) whose gradients are
+// fixed random tensors set once; a few untimed steps first make the
+// optimizer's state. A low-bit case's /1 runs the best vector ISA this CPU
+// has, /0 AVX-512 without VBMI (gathers), where the CPU has VBMI.
 // Counters: steps_per_s (wall clock; the time column is one step),
 // state_B_per_param (amp::optimizer_state_bytes / amp::parameter_count: LibTorch's
 // AdamW 8; AdamW8bit and AdamWFp8 about 2, AdamW4bit about 1, plus block scales
@@ -23,6 +26,7 @@
 #include <torch/torch.h>
 
 #include <amp/amp.h>
+#include <amp/optim/detail/lowbit_fused_step.h>
 
 #include <cstdint>
 #include <vector>
@@ -32,14 +36,14 @@ namespace {
 constexpr int kWarmupSteps = 3;
 
 // ~10M parameters: 2 * 2048*2048 + 512*2048 + 512*1024 + 2048 + 512 = 9,964,032.
-std::vector<torch::Tensor> make_params() {
+std::vector<torch::Tensor> make_params(torch::ScalarType dtype = torch::kFloat) {
   const std::vector<std::vector<int64_t>> shapes = {{2048, 2048}, {2048, 2048}, {512, 2048},
                                                     {512, 1024},  {2048},       {512}};
   torch::manual_seed(0);
   std::vector<torch::Tensor> params;
   params.reserve(shapes.size());
   for (const auto& shape : shapes) {
-    torch::Tensor p = torch::randn(shape).mul_(0.02).requires_grad_();
+    torch::Tensor p = torch::randn(shape).mul_(0.02).to(dtype).requires_grad_();
     p.mutable_grad() = torch::randn_like(p);
     params.push_back(p);
   }
@@ -68,6 +72,19 @@ void run_own_step(benchmark::State& state) {
   run(state, optimizer, [&] { optimizer.step(); });
 }
 
+// A low-bit step with range(0) = 1: the best vector ISA this CPU has; 0: at
+// most AVX-512 without VBMI (the gathers), where the CPU has VBMI.
+template <class Optimizer>
+void run_low_bit(benchmark::State& state, torch::ScalarType dtype = torch::kFloat, bool stochastic = false) {
+  namespace lb = amp::detail::lowbit;
+  if (state.range(0) == 0 && lb::cpu_isa() != lb::Isa::kAvx512Vbmi)
+    return state.SkipWithError("no AVX512-VBMI on this CPU: /1 is the only choice");
+  lb::isa_limit() = static_cast<int>(state.range(0) == 0 ? lb::Isa::kAvx512 : lb::Isa::kAvx512Vbmi);
+  Optimizer optimizer(make_params(dtype), options(), amp::LowBitOptions().bf16_stochastic_round(stochastic));
+  run(state, optimizer, [&] { optimizer.step(); });
+  lb::isa_limit() = static_cast<int>(lb::Isa::kAvx512Vbmi);
+}
+
 // A copy of range(0) bytes per parameter, read and written (a copy of n bytes
 // moves 2n): fused AdamW 28 (parameter, gradient, two fp32 moments: 4 reads, 3
 // writes), the 8-bit and fp8 steps 16 (parameter 8, gradient 4, two 1-byte
@@ -93,27 +110,43 @@ void BM_AdamWFused(benchmark::State& state) {
   run(state, optimizer, [&] { fused.step(); });
 }
 
-void BM_AdamW8bit(benchmark::State& state) { run_own_step<amp::AdamW8bit>(state); }
+// ATen's fused AdamW on bf16 parameters (bf16 moments), the bf16 cases' baseline.
+void BM_AdamWFusedBf16(benchmark::State& state) {
+  torch::optim::AdamW optimizer(make_params(torch::kBFloat16), options());
+  if (amp::detail::fused_kind(optimizer, c10::DeviceType::CPU) == amp::FusedKind::kNone)
+    return state.SkipWithError("no CPU fused AdamW in this LibTorch");
+  amp::FusedStep fused(optimizer);
+  run(state, optimizer, [&] { fused.step(); });
+}
+
+void BM_AdamW8bit(benchmark::State& state) { run_low_bit<amp::AdamW8bit>(state); }
+void BM_AdamW8bitBf16(benchmark::State& state) { run_low_bit<amp::AdamW8bit>(state, torch::kBFloat16); }
+void BM_AdamW8bitBf16Stochastic(benchmark::State& state) {
+  run_low_bit<amp::AdamW8bit>(state, torch::kBFloat16, /*stochastic=*/true);
+}
 
 void BM_AdamW8bitAtenOps(benchmark::State& state) {
   amp::AdamW8bit optimizer(make_params(), options(), amp::LowBitOptions().fused(false));
   run(state, optimizer, [&] { optimizer.step(); });
 }
 
-void BM_AdamW4bit(benchmark::State& state) { run_own_step<amp::AdamW4bit>(state); }
+void BM_AdamW4bit(benchmark::State& state) { run_low_bit<amp::AdamW4bit>(state); }
 
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
-void BM_AdamWFp8(benchmark::State& state) { run_own_step<amp::AdamWFp8>(state); }
+void BM_AdamWFp8(benchmark::State& state) { run_low_bit<amp::AdamWFp8>(state); }
 #endif
 
 }  // namespace
 
 BENCHMARK(BM_AdamW)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamWFused)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_AdamW8bit)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamW8bit)->Arg(1)->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamW8bitAtenOps)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_AdamW4bit)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamW4bit)->Arg(1)->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
-BENCHMARK(BM_AdamWFp8)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamWFp8)->Arg(1)->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
+BENCHMARK(BM_AdamWFusedBf16)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamW8bitBf16)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamW8bitBf16Stochastic)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CopyBytes)->Arg(28)->Arg(16)->Arg(14)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <thread>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -187,8 +188,8 @@ std::vector<Case> cases() {
   return out;
 }
 
-// Every case on the best vector ISA this CPU has; on each lower one (the
-// AVX2 and portable loops), the cases that touch every branch.
+// Every case on the best vector ISA this CPU has; on each lower one (AVX-512
+// without VBMI, the AVX2 and portable loops), the cases that touch every branch.
 template <class Opt>
 void on_every_isa() {
   namespace lb = amp::detail::lowbit;
@@ -200,7 +201,7 @@ void on_every_isa() {
       if (isa == best || (c.amsgrad && c.scaled && c.dtype == at::kFloat) || (c.stochastic && !c.amsgrad))
         fused_equals_ops<Opt>(c);
   }
-  lb::isa_limit() = static_cast<int>(lb::Isa::kAvx512);
+  lb::isa_limit() = static_cast<int>(lb::Isa::kAvx512Vbmi);
 }
 
 TEST(LowBitFusedStep, AdamW8bitEqualsTheAtenOps) { on_every_isa<amp::AdamW8bit>(); }
@@ -234,7 +235,7 @@ TEST(LowBitFusedStep, VectorSearchesFindTorchaosCodes) {
       while (x.size() % 16 != 0) x.push_back(0.25f);
       std::vector<int32_t> codes(x.size());
       const int best = static_cast<int>(lb::cpu_isa());
-      for (int isa = 1; isa <= best; ++isa) {
+      for (int isa = 1; isa <= std::min(best, 2); ++isa) {
         if (isa == 2) {
           alignas(64) float columns[272];
           lb::map_columns(m, levels, columns);
@@ -250,6 +251,126 @@ TEST(LowBitFusedStep, VectorSearchesFindTorchaosCodes) {
     }
 }
 #endif
+
+// The threshold tables (lowbit_threshold.h) against torchao's search
+// (nearest_code) for each of torchao's four maps: on a grid of every 4099th
+// float bit pattern (NaNs, infinities, subnormals and both zeros among
+// them), on every threshold and 3 floats either side, with the scalar lookup
+// and each vector one this CPU has. The whole float range was compared once
+// by hand: a program looping over all 2^32 bit patterns per map with
+// ThresholdTable::code and nearest_code found 0 mismatches (docs/low-bit-optimizers.md).
+TEST(LowBitFusedStep, ThresholdTablesFindTorchaosCodes) {
+  namespace lb = amp::detail::lowbit;
+  for (StateFormat f : {StateFormat::kInt8, StateFormat::kInt4})
+    for (bool is_signed : {true, false}) {
+      const std::string name = std::string(amp::detail::state_format_name(f)) + (is_signed ? " signed" : " unsigned");
+      const at::Tensor map = lb::qmap(f, is_signed, at::kCPU);
+      const float* m = map.data_ptr<float>();
+      const int64_t levels = map.numel();
+      const lb::ThresholdTable* table = lb::threshold_table(f, m, levels);
+      ASSERT_NE(table, nullptr) << name;
+      ASSERT_EQ(table, &lb::standard_threshold_table(f, is_signed)) << name;
+      std::vector<float> x;
+      for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 4099) {
+        const uint32_t b = static_cast<uint32_t>(bits);
+        float v;
+        std::memcpy(&v, &b, 4);
+        x.push_back(v);
+      }
+      ASSERT_EQ(table->thresholds.size(), static_cast<size_t>(std::max<int64_t>(levels - 1, 16))) << name;
+      for (int64_t c = 1; c < levels; ++c) {
+        const uint32_t t = table->thresholds[static_cast<size_t>(c - 1)];
+        // T_c is where the code first reaches c.
+        ASSERT_GE(lb::nearest_code(lb::key_float(t), m, levels), c) << name;
+        ASSERT_LT(lb::nearest_code(lb::key_float(t - 1), m, levels), c) << name;
+        for (uint32_t d = 0; d <= 6; ++d) x.push_back(lb::key_float(t - 3 + d));
+      }
+      for (float e : {0.f, -0.f, -1.f, 1.f, std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                      -std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()})
+        x.push_back(e);
+      while (x.size() % 16 != 0) x.push_back(0.25f);
+      std::vector<int32_t> expected(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        expected[i] = static_cast<int32_t>(lb::nearest_code(x[i], m, levels));
+        ASSERT_EQ(table->code(x[i]), expected[i]) << name << " scalar, x=" << x[i];
+      }
+#if AMP_DETAIL_LOWBIT_X86_CLONES
+      if (levels == 256 && lb::cpu_isa() == lb::Isa::kAvx512Vbmi) {  // VBMI's dequantization: every code, twice
+        std::vector<uint8_t> all(512);
+        for (size_t c = 0; c < all.size(); ++c) all[c] = static_cast<uint8_t>(c * 7 % 256);
+        std::vector<float> values(all.size());
+        lb::lookup_block_vbmi(all.data(), 512, table->planes.data(), values.data());
+        for (size_t c = 0; c < all.size(); ++c) ASSERT_EQ(values[c], m[all[c]]) << name << " code " << int(all[c]);
+      }
+      std::vector<int32_t> codes(x.size());
+      const int64_t n = static_cast<int64_t>(x.size());
+      const int best = static_cast<int>(lb::cpu_isa());
+      for (int isa = 1; isa <= std::min(best, 2);
+           ++isa) {  // AVX2: the table; AVX-512: the table or 4-bit's register search
+        if (isa == 1) lb::table_codes_avx2(x.data(), n, 1.f, *table, codes.data());
+        if (isa == 2) lb::table_codes_avx512(x.data(), n, 1.f, *table, f, codes.data());
+        for (size_t i = 0; i < x.size(); ++i)
+          ASSERT_EQ(codes[i], expected[i]) << name << " ISA " << isa << ", x=" << x[i];
+      }
+#endif
+    }
+}
+
+#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+// fp8's table (this LibTorch's c10::Float8_e4m3fn conversion on |x|'s bits)
+// against the conversion itself, on the same kind of grid: every 4099th bit
+// pattern, every threshold and 3 floats either side, with either sign. All
+// 2^32 floats were compared once by hand too (docs/low-bit-optimizers.md).
+TEST(LowBitFusedStep, Fp8TableIsC10sConversion) {
+  namespace lb = amp::detail::lowbit;
+  const lb::ThresholdTable* table = lb::threshold_table(StateFormat::kFp8, nullptr, 0);
+  ASSERT_NE(table, nullptr);
+  std::vector<uint32_t> bits;
+  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 4099) bits.push_back(static_cast<uint32_t>(b));
+  for (uint32_t t : table->thresholds)
+    if (t != 0xFFFFFFFFu)
+      for (uint32_t d = 0; d <= 6; ++d) {
+        bits.push_back(t - 3 + d);
+        bits.push_back((t - 3 + d) | 0x80000000u);
+      }
+  while (bits.size() % 16 != 0) bits.push_back(0x7FC00000u);
+  std::vector<float> x(bits.size());
+  std::memcpy(x.data(), bits.data(), bits.size() * 4);
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(lb::fp8_code(*table, x[i]), lb::fp8_bits_of(bits[i])) << std::hex << "bits 0x" << bits[i];
+#if AMP_DETAIL_LOWBIT_X86_CLONES
+  if (lb::cpu_isa() == lb::Isa::kAvx512Vbmi) {
+    std::vector<uint8_t> all(256);
+    for (size_t c = 0; c < all.size(); ++c) all[c] = static_cast<uint8_t>(255 - c);
+    std::vector<float> values(all.size());
+    lb::lookup_block_vbmi(all.data(), 256, table->planes.data(), values.data());
+    for (size_t c = 0; c < all.size(); ++c) {
+      const float expected = static_cast<float>(c10::Float8_e4m3fn(all[c], c10::Float8_e4m3fn::from_bits()));
+      uint32_t a, e;
+      std::memcpy(&a, &values[c], 4);
+      std::memcpy(&e, &expected, 4);
+      ASSERT_EQ(a, e) << "fp8 code " << int(all[c]);
+    }
+  }
+  if (lb::cpu_isa() >= lb::Isa::kAvx512) {
+    std::vector<int32_t> codes(x.size());
+    lb::table_codes_avx512(x.data(), static_cast<int64_t>(x.size()), 1.f, *table, StateFormat::kFp8, codes.data());
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(static_cast<uint32_t>(codes[i]), lb::fp8_bits_of(bits[i])) << std::hex << "AVX-512, bits 0x" << bits[i];
+  }
+#endif
+}
+#endif
+
+// A map that is not torchao's (a loaded state's) has no table: the search stays.
+TEST(LowBitFusedStep, OtherMapsKeepTheSearch) {
+  namespace lb = amp::detail::lowbit;
+  at::Tensor map = lb::qmap(StateFormat::kInt8, true, at::kCPU).clone();
+  map.data_ptr<float>()[3] = std::nextafter(map.data_ptr<float>()[3], 0.f);
+  EXPECT_EQ(lb::threshold_table(StateFormat::kInt8, map.data_ptr<float>(), map.numel()), nullptr);
+  EXPECT_EQ(lb::threshold_table(StateFormat::kFloat, map.data_ptr<float>(), map.numel()), nullptr);
+}
 
 // amp's own loops run on LibTorch's threads without -fopenmp too
 // (detail/parallel.h): every index once, on more than one thread, exceptions

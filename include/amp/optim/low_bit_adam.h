@@ -151,12 +151,13 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
     at::NoGradGuard no_grad;
     const std::vector<Item> items = gather();  // checks everything before anything changes
     detail::lowbit::DeviceFlags flags(grad_scale, found_inf);
+    detail::lowbit::StepConstants constants;  // the fused step's, once per param group and step
     for (const Item& item : items) {
       const c10::Device device = item.param.device();
       at::Tensor grad = item.param.grad();
       const at::Tensor inv_scale = flags.inv_scale(device);
       if (takes_fused_step(item.param)) {
-        fused_step_param(item, grad, inv_scale, flags.keep(device));
+        fused_step_param(item, grad, inv_scale, flags.keep(device), constants);
         continue;
       }
       if (inv_scale.defined()) grad.mul_(inv_scale);
@@ -340,7 +341,8 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
   }
 
   // step_param's arithmetic in one pass per block (optim/detail/lowbit_fused_step.h).
-  void fused_step_param(const Item& item, at::Tensor& grad, const at::Tensor& inv_scale, const at::Tensor& keep) {
+  void fused_step_param(const Item& item, at::Tensor& grad, const at::Tensor& inv_scale, const at::Tensor& keep,
+                        detail::lowbit::StepConstants& constants) {
     const Options& o = *item.options;
     detail::LowBitAdamParamState& s = *item.state;
     TORCH_CHECK(!o.amsgrad() || s.max_exp_avg_sq().defined(), "amp: ", name(),
@@ -358,7 +360,8 @@ class LowBitAdam : public torch::optim::Optimizer, public SupportsAmpScaling {
     detail::lowbit::fused_adam_param(
         h, item.param, grad, s.step(), detail::lowbit::moment_ref(s.exp_avg()),
         detail::lowbit::moment_ref(s.exp_avg_sq()),
-        h.amsgrad ? detail::lowbit::moment_ref(s.max_exp_avg_sq()) : detail::lowbit::MomentRef(), inv_scale, keep);
+        h.amsgrad ? detail::lowbit::moment_ref(s.max_exp_avg_sq()) : detail::lowbit::MomentRef(), inv_scale, keep,
+        constants);
   }
 
   // The moment's dequantized value lerped towards `end`: in place on the

@@ -19,6 +19,7 @@
 #include "amp/detail/compat_float8.h"
 #include "amp/optim/detail/lowbit_codec.h"
 #include "amp/optim/detail/lowbit_rounding.h"
+#include "amp/optim/detail/lowbit_threshold.h"
 #include "amp/optim/state_format.h"
 
 namespace amp {
@@ -30,11 +31,12 @@ struct MomentRef {
   StateFormat format = StateFormat::kFloat;
   const float* map = nullptr;  // 8-/4-bit lookup table
   int64_t levels = 0;
-  uint8_t* codes = nullptr;        // 8-bit: one per element; 4-bit: two per byte; fp8: e4m3fn bytes
-  float* scale = nullptr;          // one per block
-  float* values = nullptr;         // kFloat: the plain fp32 moment
-  bool ascending = false;          // map strictly ascending: the vector searches apply
-  const float* columns = nullptr;  // the map as 17 columns of 16 (map_columns), for the AVX-512 search
+  uint8_t* codes = nullptr;               // 8-bit: one per element; 4-bit: two per byte; fp8: e4m3fn bytes
+  float* scale = nullptr;                 // one per block
+  float* values = nullptr;                // kFloat: the plain fp32 moment
+  bool ascending = false;                 // map strictly ascending: the vector searches apply
+  const float* columns = nullptr;         // the map as 17 columns of 16 (map_columns), for the AVX-512 search
+  const ThresholdTable* table = nullptr;  // torchao's map's thresholds (lowbit_threshold.h), for the vector searches
 };
 
 // columns[16 j + h] = m[16 h + j] (j < 16), columns[256 + h] = m[min(16 (h + 1), levels - 1)]; rows past
@@ -105,7 +107,8 @@ C10_ALWAYS_INLINE void adam_blocks(const FusedAdam& k, P* param, P* grad, const 
     const int64_t n = std::min(bs, k.numel - b * bs);
     const float m_scale = plain ? 0.f : m.scale[b], v_scale = plain ? 0.f : v.scale[b];
     const float vmax_scale = k.amsgrad && !plain ? vmax.scale[b] : 0.f;
-    const bool done = !plain && vector_pass(k, param, grad, m, v, vmax, rand16, b, m_new, v_new, vmax_new);
+    float clipped[3];  // the vector pass's clipped absmax of each new moment
+    const bool done = !plain && vector_pass(k, param, grad, m, v, vmax, rand16, b, m_new, v_new, vmax_new, clipped);
     for (int64_t j = 0; j < n && !done; ++j) {
       const int64_t i = b * bs + j;
       float g = to_float(grad[i]);
@@ -161,24 +164,31 @@ C10_ALWAYS_INLINE void adam_blocks(const FusedAdam& k, P* param, P* grad, const 
       if (k.amsgrad) std::memcpy(vmax.values + b * bs, vmax_new, static_cast<size_t>(n) * sizeof(float));
       continue;
     }
-    quantize(m_new, bs, m, b);
-    quantize(v_new, bs, v, b);
-    if (k.amsgrad) quantize(vmax_new, bs, vmax, b);
+    quantize.pair(m_new, v_new, bs, m, v, b, done ? clipped : nullptr);
+    if (k.amsgrad) quantize(vmax_new, bs, vmax, b, done ? clipped + 2 : nullptr);
   }
 }
 
-// A block's first pass in vector code, or false (then the scalar loop runs).
+// A block's first pass in vector code (the new moments and each one's
+// clipped absmax), or false (then the scalar loop runs).
 struct NoVectorPass {
   template <typename P>
   bool operator()(const FusedAdam&, P*, P*, const MomentRef&, const MomentRef&, const MomentRef&, const int32_t*,
-                  int64_t, float*, float*, float*) const {
+                  int64_t, float*, float*, float*, float*) const {
     return false;
   }
 };
 
+// A block's new moment to its scale and codes; `clipped`: its clipped absmax
+// when the first pass found it (null: found here). pair(): m and v.
 struct QuantizePortable {
-  void operator()(const float* x, int64_t n, const MomentRef& q, int64_t block) const {
+  void operator()(const float* x, int64_t n, const MomentRef& q, int64_t block, const float*) const {
     quantize_moment_block(x, n, q, block);
+  }
+  void pair(const float* m_new, const float* v_new, int64_t n, const MomentRef& m, const MomentRef& v, int64_t block,
+            const float*) const {
+    quantize_moment_block(m_new, n, m, block);
+    quantize_moment_block(v_new, n, v, block);
   }
 };
 
