@@ -7,7 +7,14 @@
 // Trains the same MLP on an embedded synthetic classification task (a fixed
 // random nonlinear teacher; no download) under every policy of
 // amp::supported_policies<Device> — the compile-time Hana list, so a policy
-// added to the library adds a row — and prints a comparison table.
+// added to the library adds a row — and prints a comparison table. Then
+// (unless --precision or --no-ladder) the memory ladder: a residual MLP
+// (demo_task.h) under ten configurations (32-true AdamW; bf16-mixed AdamW,
+// AdamW8bit, AdamW4bit; bf16-true AdamW8bit with stochastic rounding; each
+// also with amp::checkpoint around its blocks), with the exact bytes per
+// parameter of its parameters, gradients, optimizer state and what a step's
+// forward keeps for backward, its steps/s and final loss
+// (docs/maintainers.md#the-demo has the formulas).
 //
 // Timing: each policy first runs --warmup untimed steps on a throwaway model
 // of the same shape (CUDA context, cuBLAS handles, kernel choice, allocator
@@ -19,10 +26,9 @@
 // Default size: hidden 1024, batch 256 on CPU (quick); hidden 4096, batch 4096
 // on CUDA (enough matmul work for tensor cores to show).
 //
-// Outputs: per-step metrics (--csv), a per-policy summary next to it
-// (sweep.csv -> sweep.summary.csv), and a gnuplot PNG (--plot) of loss per
-// step, loss per wall-clock second, steps/s and peak memory per policy, and
-// the loss scale of scaled policies.
+// Outputs: per-step metrics (--csv), a per-policy summary and the ladder next
+// to it (sweep.csv -> sweep.summary.csv, sweep.ladder.csv), and a gnuplot PNG
+// (--plot) drawn from them (write_plot says which panels).
 //
 // --optimizer picks the optimizer of every run: adamw (default, LibTorch's
 // torch::optim::AdamW) or amp's low-bit AdamW with the same options and
@@ -487,7 +493,8 @@ std::vector<LadderRow> ladder(const Config& cfg, const Task& task, torch::Device
   };
   std::cerr << "== memory ladder\n";
   both([&](bool c) { return try_ladder<F32, Device, torch::optim::AdamW>(cfg, task, device, "AdamW", false, c); });
-  both([&](bool c) { return try_ladder<BF16Mixed, Device, torch::optim::AdamW>(cfg, task, device, "AdamW", false, c); });
+  both(
+      [&](bool c) { return try_ladder<BF16Mixed, Device, torch::optim::AdamW>(cfg, task, device, "AdamW", false, c); });
   both([&](bool c) { return try_ladder<BF16Mixed, Device, amp::AdamW8bit>(cfg, task, device, "AdamW8bit", false, c); });
   both([&](bool c) { return try_ladder<BF16Mixed, Device, amp::AdamW4bit>(cfg, task, device, "AdamW4bit", false, c); });
   both([&](bool c) { return try_ladder<BF16True, Device, amp::AdamW8bit>(cfg, task, device, "AdamW8bit", true, c); });
@@ -650,8 +657,8 @@ void write_plot(const std::vector<Row>& rows, const std::vector<LadderRow>& ladd
     // its checkpointed twin joined by a line (same colour).
     place(0.5, 1, 0.5);
     gp << "unset offsets\nset autoscale\nset xrange [0:*]\nset yrange [0:*]\nset offsets graph 0.02, graph 0.25, "
-          "graph 0.12, 0\nset grid xtics ytics\nset xtics autofreq norotate\n"
-          "set key top right opaque box font ',8'\n"
+          "graph 0.5, 0\nset grid xtics ytics\nset xtics autofreq norotate\n"
+          "set key top left horizontal maxrows 3 opaque box font ',8'\n"
           "set title '(d) speed against memory: every ladder configuration (filled: blocks checkpointed)'\n"
           "set xlabel 'training-state bytes per parameter (total of (e))'\nset ylabel 'steps/s'\nplot ";
     bool first = true;
@@ -678,11 +685,12 @@ void write_plot(const std::vector<Row>& rows, const std::vector<LadderRow>& ladd
     place(0, 2, 1.0);
     gp << "unset offsets\nset autoscale\nset yrange [0:*]\nset offsets 0, 0, graph 0.12, 0\nset grid noxtics ytics\n"
           "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.75 border -1\n"
-          "set boxwidth 0.7\nset xtics rotate by 20 right font ',9'\nset key top right opaque box font ',9'\n"
+          "set boxwidth 0.7\nset xtics rotate by 20 right font ',9'\nset key top right horizontal maxrows 2 opaque box "
+          "font ',9'\n"
           "set xlabel ''\nset ylabel 'bytes per parameter'\n"
-          "set title '(e) training-state bytes per parameter, counted exactly: parameters, gradients "
-          "(tensors), optimizer state (amp::optimizer_state_bytes), fixed and per-sample activations at batch "
-       << cfg.batch_size << " (amp::ActivationMeter)'\n"
+          "set title '(e) training-state bytes per parameter, counted exactly (activations: amp::ActivationMeter, "
+          "at batch "
+       << cfg.batch_size << ")'\n"
        << "plot '" << ladder_csv << "' using 12:xtic(1) title 'parameters', '' using 13 title 'gradients', "
        << "'' using 14 title 'optimizer state', '' using 15 title 'fixed: autocast weight copies, loss', "
        << "'' using 16 title 'activations kept for backward', "
@@ -693,7 +701,8 @@ void write_plot(const std::vector<Row>& rows, const std::vector<LadderRow>& ladd
   // (f): the loss scale of scaled policies.
   if (any_scaled) {
     gp << "unset offsets\nset autoscale\nset grid xtics ytics\nset xtics autofreq norotate font ',10'\n"
-          "set logscale y 2\nset key top right opaque box\nset xlabel 'optimizer step'\nset ylabel 'loss scale "
+          "set logscale y 2\nset key top right vertical maxrows auto opaque box font ',10'\n"
+          "set xlabel 'optimizer step'\nset ylabel 'loss scale "
           "(log2)'\n";
     place(0, heights.size() - 1, 1.0);
     gp << "set title '(" << (with_ladder ? "f" : "e")

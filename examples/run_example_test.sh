@@ -25,8 +25,8 @@ case "$name" in
     # docs/maintainers.md (the demo), exactly; then what the plot draws from.
     grep -q "^configuration *params *grads *optimizer *fixed *activations *total *act B/sample *steps/s *final loss" \
       out.txt || fail "no ladder header"
-    configs="32-true AdamW|bf16-mixed AdamW|bf16-mixed AdamW8bit|bf16-mixed AdamW4bit|bf16-true AdamW8bit+SR"
-    [ "$(grep -cE "^($configs) " out.txt)" -eq 5 ] && [ "$(grep -cE "^($configs) \+ckpt " out.txt)" -eq 5 ] ||
+    configs="32-true AdamW|bf16-mixed AdamW|bf16-mixed AdamW8bit|bf16-mixed AdamW4bit|bf16-true AdamW8bit\\+SR"
+    [ "$(grep -cE "^($configs) +[0-9]" out.txt)" -eq 5 ] && [ "$(grep -cE "^($configs) \+ckpt +[0-9]" out.txt)" -eq 5 ] ||
       fail "the ladder lacks a configuration"
     head -1 sweep.ladder.csv | grep -qx "configuration,policy,optimizer,checkpointed,parameters,batch,param_bytes,\
 grad_bytes,optimizer_bytes,fixed_bytes,activation_bytes_per_sample,params_bpp,grads_bpp,optimizer_bpp,fixed_bpp,\
