@@ -647,7 +647,8 @@ void write_plot(const std::vector<Row>& rows, const std::vector<LadderRow>& ladd
   if (!with_ladder) {
     place(0.5, 1, 0.5);
     gp << "set title '(d) peak memory ("
-       << (cfg.device == "cuda" ? "CUDA allocator, training batches included" : "process peak RSS, not the precision's")
+       << (cfg.device == "cuda" ? "CUDA allocator, training batches included"
+                                : "process peak RSS: allocator and OS, not precision")
        << ")'\n"
        << "set ylabel 'MiB'\n"
        << "plot '" << summary << "' using 0:6:(0.6):($0 + 1):" << xtic << " with boxes lc variable, "

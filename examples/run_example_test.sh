@@ -61,18 +61,22 @@ activations_bpp,total_bpp,steps_per_s,final_loss" || fail "ladder csv header"
       END { if (n != 10) { print "FAIL (precision_sweep): " n " ladder rows, not 10"; bad = 1 } exit bad }' \
       sweep.ladder.csv || fail "the ladder's bytes"
     if command -v gnuplot >/dev/null; then
-      [ -s sweep.png ] && head -c 8 sweep.png | grep -q PNG || fail "no PNG plot"
+      [ -s sweep.png ] && head -c 8 sweep.png | grep -q PNG && ! grep -q "gnuplot failed" err.txt || fail "no PNG plot"
       # The panels drawn from the ladder's CSV: the stacked bytes (columns 12-16) and speed against the total.
       grep -q "^plot 'sweep.ladder.csv' using 12:xtic(1) title 'parameters', '' using 13 .*'' using 14 .*'' using 15 .*\
 '' using 16 " sweep.png.gp || fail "no stacked-bytes panel"
       grep -q "'sweep.ladder.csv' every ::0::0 using 17:18 with points" sweep.png.gp || fail "no speed-against-bytes panel"
     fi
     # One policy by its Lightning string (one optimizer path line, no ladder), and a clear error for a bad one.
-    "$bin" --device=cpu --precision=bf16 --steps=3 --batch-size=32 --hidden=32 >one.txt 2>one.err || fail "--precision=bf16"
+    "$bin" --device=cpu --precision=bf16 --steps=3 --batch-size=32 --hidden=32 --plot=one.png >one.txt 2>one.err ||
+      fail "--precision=bf16"
     grep -q "^bf16-mixed " one.txt || fail "legacy 'bf16' did not run bf16-mixed"
     [ "$(grep -cE '^(32-true|64-true) ' one.txt)" -eq 0 ] || fail "--precision ran more than one policy"
     [ "$(grep -c 'optimizer path' one.err)" -eq 1 ] || { cat one.err; fail "optimizer path not once in one run"; }
     ! grep -q "^memory ladder" one.txt || fail "--precision ran the ladder"
+    if command -v gnuplot >/dev/null; then  # without the ladder: the peak RSS panel instead
+      [ -s one.png ] && ! grep -q "gnuplot failed" one.err || fail "no PNG plot without the ladder"
+    fi
     if "$bin" --device=cpu --precision=fp17 --steps=2 >bad.txt 2>&1; then fail "unknown precision accepted"; fi
     grep -q 'amp: unknown precision "fp17"; valid: ' bad.txt || { cat bad.txt; fail "unknown precision message"; }
     ;;
