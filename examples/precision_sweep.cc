@@ -473,7 +473,8 @@ LadderRow try_ladder(const Config& cfg, const Task& task, torch::Device device, 
     return run_ladder<P, Device, Optimizer>(cfg, task, device, optimizer, stochastic_round, checkpointed);
   } catch (const std::exception& e) {
     LadderRow row;
-    row.name = std::string(amp::policy_traits<P>::name) + " " + optimizer + (checkpointed ? " +ckpt" : "");
+    row.name = std::string(amp::policy_traits<P>::name) + " " + optimizer + (stochastic_round ? "+SR" : "") +
+               (checkpointed ? " +ckpt" : "");
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
     row.error = c10_error ? c10_error->what_without_backtrace() : e.what();
     std::cerr << row.name << " failed: " << row.error << "\n";
