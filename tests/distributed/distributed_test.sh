@@ -62,6 +62,13 @@ case "$group" in
       fi
     done
     ;;
+  fully_shard)
+    # BIN is fully_shard_cases: amp::FullyShard at 1-4 processes.
+    for n in 1 2 3 4; do run "$n" memory; run "$n" vs_dp; done
+    for n in 2 4; do run "$n" accumulate; done
+    for n in 2 3; do run "$n" clip; done
+    run 2 errors
+    ;;
   faults)
     export AMP_DP_TIMEOUT_MS=5000
     # One of 3 dies mid-run (SIGKILL) / stops (SIGSTOP): the others fail with
