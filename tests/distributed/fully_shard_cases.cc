@@ -81,12 +81,12 @@ void memory_with(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> par
   model->fsdp = &fsdp;
   Opt opt(fsdp.parameters(), torch::optim::AdamWOptions(1e-3));
   const int64_t elem = param_dtype ? 2 : 4;
-  int64_t padded = 0, unpadded = 0, whole = 0, state = 0, quantized = 0, plain = 0;
+  int64_t padded = 0, whole = 0, state = 0, quantized = 0, plain = 0;
   const std::vector<std::vector<int64_t>> shapes = {{256, 256}, {256}, {256, 256}, {256}, {8, 256}, {8}};
   for (const auto& s : shapes) {
     const int64_t inner = s.size() > 1 ? s[1] : 1, chunk = (s[0] + world - 1) / world;
     const int64_t rows = std::max<int64_t>(0, std::min(chunk, s[0] - rank * chunk));
-    padded += chunk * inner, unpadded += rows * inner, whole += s[0] * inner;
+    padded += chunk * inner, whole += s[0] * inner;
     const int64_t n = rows * inner;
     if (std::is_same_v<Opt, amp::AdamW8bit> && n >= 4096 && n % 256 == 0) {
       state += 2 * n + 2 * 4 * (n / 256) + 4, ++quantized;  // two int8 states, one fp32 scale per 256, fp32 step
@@ -193,7 +193,6 @@ void vs_dp(int64_t accumulation, bool clip) {
                 std::to_string((mine - pb[k].detach()).abs().max().item<double>()));
     }
   }
-  check(!clip || clipped > 0, "no step was clipped: the case does not test clipping");
   check(!clip || clipped > 0, "no step was clipped: the case does not test clipping");
   std::cout << "PASS " << test_case::name << " (" << (bitwise ? "bitwise" : "within 1e-5") << ", largest difference "
             << worst << ")" << std::endl;

@@ -14,7 +14,7 @@
 // MixedPrecisionPolicy and compares all of it, bit for bit:
 //   fp32       no policy
 //   bf16       param_dtype bf16, reduce_dtype fp32
-//   bf16-clip  the same, gradients clipped by their global norm (0.3) each step
+//   bf16-clip  the same, gradients clipped by their global norm (0.5) each step
 // VARIANT (to show that the comparison catches a change; the test does not pass it):
 //   local-clip  clip by this rank's shards' norm alone (FullyShard's
 //               all-reduce left out: each rank clips by its own norm)
@@ -42,7 +42,7 @@
 namespace {
 
 constexpr int64_t kSteps = 16;
-constexpr double kMaxNorm = 0.3;
+constexpr double kMaxNorm = 0.5;  // the norms are 0.46-0.66 at 2 and 3 ranks: clipped at some steps
 
 using amp_parity::bits;
 

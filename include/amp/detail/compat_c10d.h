@@ -63,11 +63,11 @@ namespace amp::detail::compat {
 
 inline constexpr bool kHasNccl = AMP_DETAIL_HAS_NCCL;
 
-// ProcessGroupGloo's _reduce_scatter_base with ReduceOp::AVG, what
-// torch.distributed.reduce_scatter_tensor calls and FSDP2 reduces gradients
-// with on LibTorch 2.14 (measured there). 1.13's Gloo has no reduce-scatter
-// of one tensor and no AVG; 2.6 is not relied on (no FSDP2 reference runs on
-// its CPU). Without it ProcessGroup::reduce_scatter_avg all-reduces and slices.
+// ProcessGroupGloo's reduce_scatter_single with ReduceOp::AVG: what
+// torch.distributed.reduce_scatter_single calls, FSDP2's gradient reduction on
+// LibTorch 2.14. 1.13's Gloo has no reduce-scatter of one tensor; 2.6's
+// (_reduce_scatter_base) is not relied on, as no FSDP2 reference runs on its
+// CPU. Without it ProcessGroup::reduce_scatter_avg all-reduces and slices.
 inline constexpr bool kGlooReduceScatterAvg = libtorch_at_least(2, 14);
 
 // Starts that reduce-scatter (AVG) of `in` into `out` (both flat).
@@ -76,7 +76,7 @@ c10::intrusive_ptr<c10d::Work> gloo_reduce_scatter_avg(Group& gloo, at::Tensor& 
   if constexpr (kGlooReduceScatterAvg) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::AVG;
-    return gloo._reduce_scatter_base(out, in, opts);
+    return gloo.reduce_scatter_single(out, in, opts);
   } else {
     (void)out, (void)in;
     TORCH_CHECK(false, "amp: internal: Gloo's reduce-scatter with AVG is not used before LibTorch 2.14");

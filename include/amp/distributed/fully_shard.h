@@ -556,7 +556,9 @@ class FullyShard : public GradientSync {
   FullyShardOptions options_;
   std::vector<detail::ShardedParam> params_;
   std::vector<detail::ShardUnit> units_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  // shared_ptr up to LibTorch 2.x, intrusive_ptr on 2.14: whatever it returns.
+  using AccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<AccumulatorPtr> accumulators_;
   std::vector<uintptr_t> hooks_;
   size_t root_ = 0;
   bool sync_ = true;
