@@ -437,6 +437,10 @@ class FullyShard : public GradientSync {
   // the unit.
   void reduce(detail::ShardUnit& u) {
     at::NoGradGuard no_grad;
+    // In the unit's parameter order, as FSDP2's buffer, not as the gradients
+    // arrived: Gloo's sum of an element depends on its offset in the buffer
+    // (measured: arrival order differs from FSDP2 in the last bit at 3 ranks).
+    std::sort(u.ready.begin(), u.ready.end());
     std::vector<at::Tensor> grads;
     std::vector<const detail::ShardLayout*> layouts;
     int64_t total = 0;
