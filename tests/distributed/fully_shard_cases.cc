@@ -103,8 +103,8 @@ void memory_with(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> par
     fsdp.reset_peak();
     const auto loss = fsdp.forward(model, x).to(torch::kFloat).pow(2).mean();
     loss.backward();
-    check(fsdp.unsharded_bytes() == 0, std::string(what) + ": unsharded bytes after backward " +
-                                           str(fsdp.unsharded_bytes()));
+    check(fsdp.unsharded_bytes() == 0,
+          std::string(what) + ": unsharded bytes after backward " + str(fsdp.unsharded_bytes()));
     const auto units = fsdp.unit_bytes();  // b0, b1, root
     check(units.size() == 3 && units[0] == elem * (256 * 256 + 256) && units[2] == elem * (8 * 256 + 8),
           std::string(what) + ": unit bytes");
@@ -117,14 +117,15 @@ void memory_with(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> par
     opt.zero_grad();
   }
   check(amp::optimizer_state_bytes(opt) == state, std::string(what) + ": optimizer state bytes " +
-                                                      str(amp::optimizer_state_bytes(opt)) + ", expected " + str(state));
+                                                      str(amp::optimizer_state_bytes(opt)) + ", expected " +
+                                                      str(state));
   const int64_t total = 8 * padded + state;
   if (rank == 0)
     std::cout << "memory " << what << " world " << world << ": " << whole << " parameters; per rank at rest "
               << 4 * padded << " B parameters + " << 4 * padded << " B gradients + " << state << " B state = " << total
-              << " B = " << static_cast<double>(total) / static_cast<double>(whole) << " B/parameter ("
-              << quantized << " quantized, " << plain << " plain state shards); peak unsharded "
-              << fsdp.peak_unsharded_bytes() << " B" << std::endl;
+              << " B = " << static_cast<double>(total) / static_cast<double>(whole) << " B/parameter (" << quantized
+              << " quantized, " << plain << " plain state shards); peak unsharded " << fsdp.peak_unsharded_bytes()
+              << " B" << std::endl;
 }
 
 void memory() {
@@ -154,8 +155,7 @@ void vs_dp(int64_t accumulation, bool clip) {
   amp::FullyShard fsdp(pg, *b, b->units);
   b->fsdp = &fsdp;
   torch::optim::AdamW opt_b(fsdp.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-  amp::Stepper<amp::NoScaler> stepper_b(opt_b,
-                                        amp::StepOptions().fused(false).accumulation_steps(accumulation));
+  amp::Stepper<amp::NoScaler> stepper_b(opt_b, amp::StepOptions().fused(false).accumulation_steps(accumulation));
   stepper_b.set_gradient_sync(&fsdp);
   const fsdp_model::Data data(rank, steps * accumulation);
   double worst = 0.0;

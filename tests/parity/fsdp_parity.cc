@@ -135,16 +135,30 @@ void run(const std::string& prefix, std::ofstream& steps, const amp::ProcessGrou
     steps << r.name << " " << i << " " << bits(loss.item<float>()) << " " << bits(norm) << "\n";
     for (const auto& s : shards) saved.push_back(s.detach().clone());
   }
-  stepper.sync_optimizer_state();
-  torch::optim::AdamW& final_opt = flat ? *flat->opt : opt;
-  final_opt.zero_grad();
-  for (const auto& group : final_opt.param_groups())
-    for (const auto& p : group.params()) {
-      auto& st = static_cast<torch::optim::AdamWParamState&>(*final_opt.state().at(p.unsafeGetTensorImpl()));
-      saved.push_back(st.exp_avg());
-      saved.push_back(st.exp_avg_sq());
-      saved.push_back(torch::full({}, static_cast<double>(st.step()), torch::kFloat));
+  auto state_of = [](torch::optim::AdamW& o, const torch::Tensor& p) -> torch::optim::AdamWParamState& {
+    return static_cast<torch::optim::AdamWParamState&>(*o.state().at(p.unsafeGetTensorImpl()));
+  };
+  auto save_state = [&](const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq, int64_t step) {
+    saved.push_back(exp_avg);
+    saved.push_back(exp_avg_sq);
+    saved.push_back(torch::full({}, static_cast<double>(step), torch::kFloat));
+  };
+  if (flat) {  // each shard's part of its unit's flat state
+    flat->stepper->sync_optimizer_state();
+    for (size_t k = 0; k < flat->groups.size(); ++k) {
+      auto& st = state_of(*flat->opt, flat->flat[k]);
+      int64_t off = 0;
+      for (const auto& t : flat->groups[k]) {
+        save_state(st.exp_avg().narrow(0, off, t.numel()).view(t.sizes()),
+                   st.exp_avg_sq().narrow(0, off, t.numel()).view(t.sizes()), st.step());
+        off += t.numel();
+      }
     }
+  } else {
+    stepper.sync_optimizer_state();
+    for (const auto& p : shards)
+      save_state(state_of(opt, p).exp_avg(), state_of(opt, p).exp_avg_sq(), state_of(opt, p).step());
+  }
   amp_parity::save(prefix + "_" + r.name + ".pt", saved);
 }
 

@@ -89,8 +89,8 @@ struct ShardUnit {
   std::vector<size_t> params;
   bool unsharded = false;
   bool root = false;
-  int64_t arrived = 0;                    // gradients of this backward so far
-  std::vector<size_t> ready;              // parameters whose gradient this backward has produced
+  int64_t arrived = 0;        // gradients of this backward so far
+  std::vector<size_t> ready;  // parameters whose gradient this backward has produced
 };
 }  // namespace detail
 
@@ -178,8 +178,9 @@ class FullyShard : public GradientSync {
   void begin_backward(bool boundary) override { sync_ = boundary; }
   void finish_backward() override {
     for (const auto& u : units_)
-      TORCH_CHECK(u.ready.empty(), "amp: FullyShard: a backward did not complete its reduce-scatters; call "
-                                   "the root's forward through FullyShard::forward so that its end is seen");
+      TORCH_CHECK(u.ready.empty(),
+                  "amp: FullyShard: a backward did not complete its reduce-scatters; call "
+                  "the root's forward through FullyShard::forward so that its end is seen");
   }
 
   // Bytes this rank holds: the padded shards; the sharded gradients; the
@@ -236,12 +237,13 @@ class FullyShard : public GradientSync {
   };
 
   struct PreBackward : torch::autograd::Function<PreBackward> {
-    static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, FullyShard* self,
-                                                  int64_t unit, at::TensorList xs) {
+    static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, FullyShard* self, int64_t unit,
+                                                  at::TensorList xs) {
       ctx->saved_data["self"] = reinterpret_cast<int64_t>(self);
       ctx->saved_data["unit"] = unit;
       torch::autograd::variable_list out;
-      for (const auto& x : xs) out.push_back(x);  // an input returned: autograd makes it a view with this function as grad_fn
+      for (const auto& x : xs)
+        out.push_back(x);  // an input returned: autograd makes it a view with this function as grad_fn
       return out;
     }
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -337,8 +339,9 @@ class FullyShard : public GradientSync {
 
   detail::ShardUnit& unit_of(const torch::nn::Module* m) {
     auto it = std::find_if(units_.begin(), units_.end(), [m](const detail::ShardUnit& u) { return u.module == m; });
-    TORCH_CHECK(it != units_.end(), "amp: FullyShard::forward: this module is neither the root nor one of the units "
-                                    "given to FullyShard; call units and the root through it, other modules directly");
+    TORCH_CHECK(it != units_.end(),
+                "amp: FullyShard::forward: this module is neither the root nor one of the units "
+                "given to FullyShard; call units and the root through it, other modules directly");
     return *it;
   }
 
@@ -358,8 +361,9 @@ class FullyShard : public GradientSync {
       in_root_forward_ = true;
       reshard(u);  // stale after a step: gathered again
     } else {
-      TORCH_CHECK(in_root_forward_, "amp: FullyShard::forward: a unit ran outside the root's forward; call the root "
-                                    "as fsdp.forward(root, ...) and the units inside it");
+      TORCH_CHECK(in_root_forward_,
+                  "amp: FullyShard::forward: a unit ran outside the root's forward; call the root "
+                  "as fsdp.forward(root, ...) and the units inside it");
     }
     unshard(u);
   }
