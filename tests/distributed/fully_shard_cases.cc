@@ -15,9 +15,15 @@
 //               DataParallel (which clips whole gradients: LibTorch's order of
 //               the norm, not FSDP2's): parameters within 1e-5, some steps clipped
 //   errors      bad input: amp: errors, nothing changed
+//   die HOW WHERE  the last of 3 processes killed (HOW kill) or stopped (stop) at step 2,
+//               before its forward (WHERE gather: the others wait in an all-gather)
+//               or before its backward (reduce: in a reduce-scatter): the others
+//               get an amp: error naming it within the timeout
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <functional>
 #include <iostream>
@@ -237,6 +243,43 @@ void errors() {
   std::cout << "PASS errors" << std::endl;
 }
 
+void die(const std::string& how, const std::string& where) {
+  auto pg = init();
+  const bool last = pg.rank() == pg.world_size() - 1;
+  fsdp_model::Net net;
+  amp::FullyShard fsdp(pg, *net, net->units);
+  net->fsdp = &fsdp;
+  torch::optim::AdamW opt(fsdp.parameters(), torch::optim::AdamWOptions(1e-2));
+  const fsdp_model::Data data(pg.rank(), 4);
+  auto t0 = std::chrono::steady_clock::now();
+  auto die_here = [&](const char* here) {
+    if (last && where == here) std::raise(how == "kill" ? SIGKILL : SIGSTOP);
+  };
+  try {
+    for (int64_t i = 0; i < 4; ++i) {
+      t0 = std::chrono::steady_clock::now();
+      if (i == 2) die_here("gather");
+      const auto loss = fsdp_model::loss_of(fsdp.forward(net, data.x[i]), data.y[i]);
+      if (i == 2) die_here("reduce");
+      t0 = std::chrono::steady_clock::now();
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+    }
+  } catch (const c10::Error& e) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string msg = e.what_without_backtrace();
+    const std::string expect =
+        where == "gather" ? "amp: FullyShard all-gather on rank" : "amp: FullyShard reduce-scatter on rank";
+    check(msg.find(expect) != std::string::npos, "message: " + msg);
+    check(secs < test_case::timeout().count() / 1000.0 + 0.5, "took " + std::to_string(secs) + " s");
+    std::cout << "PASS " << test_case::name << " after " << secs << " s: " << msg.substr(0, msg.find('\n'))
+              << std::endl;
+    std::exit(3);  // a failed rank: tools/launch ends the stopped one
+  }
+  fail("no error");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -256,6 +299,8 @@ int main(int argc, char** argv) {
       vs_dp(1, true);
     } else if (test_case::name == "errors") {
       errors();
+    } else if (test_case::name == "die" && a.size() == 3) {
+      die(a[1], a[2]);
     } else {
       fail("unknown case");
     }
