@@ -4,8 +4,10 @@
 //   #include <amp/distributed.h>
 //   amp::ProcessGroup pg = amp::init_process_group();   // torchrun's environment
 //   amp::DataParallel dp(pg, trainer);
+//   amp::FullyShard fsdp(pg, *model, units);      // or: parameters, gradients, states sharded
 #pragma once
 
 #include "amp/distributed/data_parallel.h"
+#include "amp/distributed/fully_shard.h"
 #include "amp/distributed/process_group.h"
 #include "amp/distributed/sharded_optimizer.h"

@@ -77,6 +77,27 @@ case "$group" in
       run 3 ckpt_resume "$work/d_$how.pt" 3 sharded
     done
     ;;
+  fully_shard)
+    # BIN is fully_shard_cases: amp::FullyShard at 1-4 processes.
+    for n in 1 2 3 4; do run "$n" memory; run "$n" vs_dp; done
+    for n in 2 4; do run "$n" accumulate; done
+    for n in 2 3; do run "$n" clip; done
+    run 2 errors
+    # The last of 3 killed / stopped before its forward (the others wait in an
+    # all-gather) or its backward (in a reduce-scatter): an amp: error within the timeout.
+    for how in kill stop; do
+      for where in gather reduce; do
+        out="$work/fsdp_die_${how}_$where.txt"
+        AMP_DP_TIMEOUT_MS=5000 "$launch" -n 3 --grace 8 -- "$bin" die "$how" "$where" >"$out" 2>&1
+        cat "$out"
+        if [ "$(grep -c '^\[[01]\] PASS die' "$out")" -eq 2 ]; then
+          echo "ok: die $how $where"
+        else
+          echo "FAIL: die $how $where"; fails=$((fails + 1))
+        fi
+      done
+    done
+    ;;
   faults)
     export AMP_DP_TIMEOUT_MS=5000
     # One of 3 dies mid-run (SIGKILL) / stops (SIGSTOP): the others fail with

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The data-parallel parity pair: amp::DataParallel against Python's DDP on the same LibTorch.
-#   ddp_twin_test.sh DDP_PARITY DDP_TWIN.py LAUNCH [N ...]      (default N: 2 3 4)
-# For each N: `LAUNCH -n N -- DDP_PARITY OUT` (rank 0 prints "ddp_parity: LibTorch X.Y on ..."),
-# then `DDP_TWIN.py OUT N...` with the first Python whose torch is the same X.Y; the twin
-# runs N DDP processes per world size and exits 1 on any difference.
+# The multi-process parity pairs: amp::DataParallel against Python's DDP (ddp_parity, ddp_twin.py) and
+# amp::FullyShard against torch's fully_shard (fsdp_parity, fsdp_twin.py), on the same LibTorch.
+#   ddp_twin_test.sh CPP_HALF TWIN.py LAUNCH [N ...]      (default N: 2 3 4)
+# For each N: `LAUNCH -n N -- CPP_HALF OUT` (rank 0 prints "ddp_parity: LibTorch X.Y on ..." or "fsdp_parity: ..."),
+# then `TWIN.py OUT N...` with the first Python whose torch is the same X.Y; the twin
+# runs N torch processes per world size and exits 1 on any difference.
 set -euo pipefail
 cpp_half=$1 twin=$2 launch=$3
 shift 3
@@ -26,7 +27,7 @@ for n in "${worlds[@]}"; do
     exit 1
   fi
   cat "$out/cpp_half_w$n.log"
-  cpp=$(sed -n 's/^\[0\] ddp_parity: LibTorch \([0-9.]*\) on .*/\1/p' "$out/cpp_half_w$n.log")
+  cpp=$(sed -n 's/^\[0\] [a-z_]*parity: LibTorch \([0-9.]*\) on .*/\1/p' "$out/cpp_half_w$n.log")
 done
 . "$(dirname "${BASH_SOURCE[0]}")/twin_python.sh"
 twin_python "$cpp" "$twin" torch.distributed

@@ -63,6 +63,26 @@ namespace amp::detail::compat {
 
 inline constexpr bool kHasNccl = AMP_DETAIL_HAS_NCCL;
 
+// ProcessGroupGloo's reduce_scatter_single with ReduceOp::AVG: what
+// torch.distributed.reduce_scatter_single calls, FSDP2's gradient reduction on
+// LibTorch 2.14. 1.13's Gloo has no reduce-scatter of one tensor; 2.6's
+// (_reduce_scatter_base) is not relied on, as no FSDP2 reference runs on its
+// CPU. Without it ProcessGroup::reduce_scatter_avg all-reduces and slices.
+inline constexpr bool kGlooReduceScatterAvg = libtorch_at_least(2, 14);
+
+// Starts that reduce-scatter (AVG) of `in` into `out` (both flat).
+template <class Group>
+c10::intrusive_ptr<c10d::Work> gloo_reduce_scatter_avg(Group& gloo, at::Tensor& out, at::Tensor& in) {
+  if constexpr (kGlooReduceScatterAvg) {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::AVG;
+    return gloo.reduce_scatter_single(out, in, opts);
+  } else {
+    (void)out, (void)in;
+    TORCH_CHECK(false, "amp: internal: Gloo's reduce-scatter with AVG is not used before LibTorch 2.14");
+  }
+}
+
 // Which 16-bit dtypes Gloo takes is a property of the LibTorch build, not of
 // its version: ProcessGroupGloo rejects a dtype it was built without
 // ("Invalid scalar type"). Measured: 1.13 takes fp16, not bf16; Debian 13's

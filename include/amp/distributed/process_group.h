@@ -221,6 +221,51 @@ class ProcessGroup {
     return out[0];
   }
 
+  // Every rank's `in` (contiguous, same numel and dtype on every rank),
+  // concatenated in rank order into `out` (contiguous, world_size() times as
+  // many elements, in's dtype): FSDP's all-gather of parameter shards. Over
+  // Gloo it travels as bytes (a copy, exact in every dtype, also the 16-bit
+  // ones a build's Gloo lacks).
+  void allgather_into(at::Tensor& out, const at::Tensor& in, const std::string& what) const {
+    TORCH_CHECK(in.is_contiguous() && out.is_contiguous() && out.scalar_type() == in.scalar_type() &&
+                    out.numel() == in.numel() * info_.world_size,
+                "amp: ", what, ": allgather_into needs contiguous tensors of one dtype, out with world_size x in's ",
+                "elements; got in ", in.sizes(), " ", in.scalar_type(), ", out ", out.sizes(), " ", out.scalar_type());
+    const bool bytes = in.is_cpu();
+    std::vector<at::Tensor> src{bytes ? in.reshape({-1}).view(at::kByte) : in.reshape({-1})};
+    const at::Tensor flat = bytes ? out.view({-1}).view(at::kByte) : out.view({-1});
+    std::vector<std::vector<at::Tensor>> dst(1);
+    const int64_t n = src[0].numel();
+    for (int r = 0; r < info_.world_size; ++r) dst[0].push_back(flat.narrow(0, r * n, n));
+    wait(on_backend_of(in, what, [&](auto& backend) { return backend.allgather(dst, src); }), what);
+  }
+
+  // The average over the ranks of `in` (contiguous, world_size() x out's
+  // elements), this rank's row of it into `out`: FSDP's reduce-scatter of
+  // gradients (ReduceOp::AVG). Where this LibTorch's Gloo has a reduce-scatter
+  // with AVG (compat::kGlooReduceScatterAvg) and takes the dtype, that one
+  // call, as torch.distributed.reduce_scatter_tensor makes it; else a sum
+  // all-reduce of `in` (in wire_dtype), this rank's row divided by
+  // world_size() (the row's sum rounded once to out's dtype first).
+  void reduce_scatter_avg(at::Tensor& out, const at::Tensor& in, const std::string& what) const {
+    TORCH_CHECK(in.is_contiguous() && out.is_contiguous() && out.scalar_type() == in.scalar_type() &&
+                    in.numel() == out.numel() * info_.world_size,
+                "amp: ", what, ": reduce_scatter_avg needs contiguous tensors of one dtype, in with world_size x ",
+                "out's elements; got in ", in.sizes(), " ", in.scalar_type(), ", out ", out.sizes(), " ",
+                out.scalar_type());
+    if (detail::compat::kGlooReduceScatterAvg && in.is_cpu() && gloo_takes(in.scalar_type())) {
+      at::Tensor o = out.view({-1});
+      at::Tensor i = in.view({-1});
+      wait(detail::compat::gloo_reduce_scatter_avg(*gloo_, o, i), what);
+      return;
+    }
+    at::Tensor sum = on_wire(in);
+    if (sum.is_same(in)) sum = in.clone();
+    wait(start_allreduce(sum, what), what);
+    out.view({-1}).copy_(sum.view({info_.world_size, -1})[info_.rank]);
+    out.div_(info_.world_size);
+  }
+
  private:
   at::Tensor on_wire(const at::Tensor& t) const {
     const c10::ScalarType wire = wire_dtype(t);

@@ -1,0 +1,311 @@
+// amp::FullyShard across processes, run through tools/launch by
+// distributed_test.sh's "fully_shard" group (one case per launch). Each rank
+// prints "PASS <case>" or "FAIL <case>: why" and exits 0 / 1.
+//
+//   memory      bytes per rank counted exactly (parameters, gradients, AdamW and
+//               AdamW8bit states, against the formula) and the peak of
+//               unsharded parameters: the root and one block, in the compute dtype
+//   vs_dp       FullyShard (fp32) beside amp::DataParallel on the same model and
+//               batches: every loss and each rank's shard of every parameter,
+//               bitwise at 1 and 2 processes, within 1e-5 beyond (see there)
+//   accumulate  two micro-batches per step, the first without sync: one
+//               reduce-scatter per unit per step, and the same comparison with
+//               DataParallel's accumulation (Stepper, accumulation_steps 2)
+//   clip        FullyShard::clip_grad_norm beside the Stepper's clipping under
+//               DataParallel (which clips whole gradients: LibTorch's order of
+//               the norm, not FSDP2's): parameters within 1e-5, some steps clipped
+//   errors      bad input: amp: errors, nothing changed
+//   die HOW WHERE  the last of 3 processes killed (HOW kill) or stopped (stop) at step 2,
+//               before its forward (WHERE gather: the others wait in an all-gather)
+//               or before its backward (reduce: in a reduce-scatter): the others
+//               get an amp: error naming it within the timeout
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "amp/distributed.h"
+#include "amp/optim/low_bit_adam.h"
+#include "amp/optim/state_bytes.h"
+#include "amp/scaler/no_scaler.h"
+#include "amp/train/stepper.h"
+#include "process_case.h"
+#include "tests/parity/fsdp_model.h"
+
+namespace {
+
+using test_case::check;
+using test_case::fail;
+using test_case::init;
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// This rank's rows of `whole` (FSDP2's dim-0 chunk), as FullyShard holds them.
+torch::Tensor my_rows(const torch::Tensor& whole, int rank, int world) {
+  const int64_t chunk = (whole.size(0) + world - 1) / world;
+  const int64_t begin = std::min(whole.size(0), rank * chunk);
+  return whole.narrow(0, begin, std::max<int64_t>(0, std::min(chunk, whole.size(0) - begin)));
+}
+
+// A model for the byte counts: two residual 256-wide blocks and a head. Its
+// block weights' shards are multiples of 256 elements and >= 4096 at 1-4
+// ranks (quantized 8-bit states); biases and the head are not (plain states).
+struct WideBlockImpl : torch::nn::Module {
+  WideBlockImpl() : fc(register_module("fc", torch::nn::Linear(256, 256))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return x + torch::relu(torch::linear(x, fc->weight, fc->bias)); }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(WideBlock);
+struct WideImpl : torch::nn::Module {
+  WideImpl()
+      : b0(register_module("b0", WideBlock())),
+        b1(register_module("b1", WideBlock())),
+        head(register_module("head", torch::nn::Linear(256, 8))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::linear(fsdp->forward(b1, fsdp->forward(b0, x)), head->weight, head->bias);
+  }
+  WideBlock b0, b1;
+  torch::nn::Linear head;
+  amp::FullyShard* fsdp = nullptr;
+};
+TORCH_MODULE(Wide);
+
+template <class Opt>
+void memory_with(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> param_dtype, const char* what) {
+  const int rank = pg.rank(), world = pg.world_size();
+  torch::manual_seed(3);
+  Wide model;
+  amp::FullyShard fsdp(pg, *model, {model->b0.ptr(), model->b1.ptr()},
+                       amp::FullyShardOptions().param_dtype(param_dtype));
+  model->fsdp = &fsdp;
+  Opt opt(fsdp.parameters(), torch::optim::AdamWOptions(1e-3));
+  const int64_t elem = param_dtype ? 2 : 4;
+  int64_t padded = 0, whole = 0, state = 0, quantized = 0, plain = 0;
+  const std::vector<std::vector<int64_t>> shapes = {{256, 256}, {256}, {256, 256}, {256}, {8, 256}, {8}};
+  for (const auto& s : shapes) {
+    const int64_t inner = s.size() > 1 ? s[1] : 1, chunk = (s[0] + world - 1) / world;
+    const int64_t rows = std::max<int64_t>(0, std::min(chunk, s[0] - rank * chunk));
+    padded += chunk * inner, whole += s[0] * inner;
+    const int64_t n = rows * inner;
+    if (std::is_same_v<Opt, amp::AdamW8bit> && n >= 4096 && n % 256 == 0) {
+      state += 2 * n + 2 * 4 * (n / 256) + 4, ++quantized;  // two int8 states, one fp32 scale per 256, fp32 step
+    } else {
+      state += 8 * n + (std::is_same_v<Opt, amp::AdamW8bit> ? 4 : 0), ++plain;  // two fp32 states (+ step)
+    }
+  }
+  check(fsdp.parameter_bytes() == 4 * padded,
+        std::string(what) + ": parameter bytes " + str(fsdp.parameter_bytes()) + ", expected " + str(4 * padded));
+  check(fsdp.unsharded_bytes() == 0, std::string(what) + ": unsharded bytes at rest " + str(fsdp.unsharded_bytes()));
+  for (int step = 0; step < 2; ++step) {
+    torch::manual_seed(50 + static_cast<uint64_t>(rank));
+    const auto x = torch::randn({4, 256});
+    fsdp.reset_peak();
+    const auto loss = fsdp.forward(model, x).to(torch::kFloat).pow(2).mean();
+    loss.backward();
+    check(fsdp.unsharded_bytes() == 0,
+          std::string(what) + ": unsharded bytes after backward " + str(fsdp.unsharded_bytes()));
+    const auto units = fsdp.unit_bytes();  // b0, b1, root
+    check(units.size() == 3 && units[0] == elem * (256 * 256 + 256) && units[2] == elem * (8 * 256 + 8),
+          std::string(what) + ": unit bytes");
+    check(fsdp.peak_unsharded_bytes() == units[2] + units[0],
+          std::string(what) + ": peak unsharded " + str(fsdp.peak_unsharded_bytes()) + ", expected the root and one " +
+              "block: " + str(units[2] + units[0]));
+    check(fsdp.gradient_bytes() == 4 * padded,
+          std::string(what) + ": gradient bytes " + str(fsdp.gradient_bytes()) + ", expected " + str(4 * padded));
+    opt.step();
+    opt.zero_grad();
+  }
+  check(amp::optimizer_state_bytes(opt) == state, std::string(what) + ": optimizer state bytes " +
+                                                      str(amp::optimizer_state_bytes(opt)) + ", expected " +
+                                                      str(state));
+  const int64_t total = 8 * padded + state;
+  if (rank == 0)
+    std::cout << "memory " << what << " world " << world << ": " << whole << " parameters; per rank at rest "
+              << 4 * padded << " B parameters + " << 4 * padded << " B gradients + " << state << " B state = " << total
+              << " B = " << static_cast<double>(total) / static_cast<double>(whole) << " B/parameter (" << quantized
+              << " quantized, " << plain << " plain state shards); peak unsharded " << fsdp.peak_unsharded_bytes()
+              << " B" << std::endl;
+}
+
+void memory() {
+  auto pg = init();
+  memory_with<torch::optim::AdamW>(pg, std::nullopt, "adamw-fp32");
+  memory_with<torch::optim::AdamW>(pg, at::kBFloat16, "adamw-bf16");
+  memory_with<amp::AdamW8bit>(pg, std::nullopt, "adamw8bit-fp32");
+}
+
+// FullyShard and DataParallel side by side. DataParallel multiplies each
+// rank's gradient by 1/N and sums in its bucket's order; FullyShard sums in
+// the reduce-scatter's order and divides (AVG). At 1 and 2 processes both
+// are exact reorderings (a + b == b + a; x * 0.5 == x / 2), so the bits must
+// agree; at 3 (1/3 is inexact) and 4 (the sum's order) they may differ in
+// the last bit of a gradient, which AdamW carries on: within 1e-5.
+void vs_dp(int64_t accumulation, bool clip) {
+  auto pg = init();
+  const int rank = pg.rank(), world = pg.world_size();
+  const bool bitwise = world <= 2 && !clip;
+  const int64_t steps = 6;
+  fsdp_model::Net a, b;  // a: DataParallel; b: FullyShard
+  torch::optim::AdamW opt_a(a->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  amp::Stepper<amp::NoScaler> stepper_a(
+      opt_a, amp::StepOptions().fused(false).accumulation_steps(accumulation).max_grad_norm(clip ? 0.3 : 0.0));
+  amp::DataParallel dp(pg, a->parameters());
+  stepper_a.set_gradient_sync(&dp);
+  amp::FullyShard fsdp(pg, *b, b->units);
+  b->fsdp = &fsdp;
+  torch::optim::AdamW opt_b(fsdp.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  amp::Stepper<amp::NoScaler> stepper_b(opt_b, amp::StepOptions().fused(false).accumulation_steps(accumulation));
+  stepper_b.set_gradient_sync(&fsdp);
+  const fsdp_model::Data data(rank, steps * accumulation);
+  double worst = 0.0;
+  int64_t clipped = 0;
+  for (int64_t i = 0; i < steps * accumulation; ++i) {
+    const int64_t before = fsdp.reduce_scatters();
+    const auto la = stepper_a.step(fsdp_model::loss_of(a->forward(data.x[i]), data.y[i]));
+    amp::StepResult lb;
+    if (clip) {
+      // The Stepper's own clipping would see this rank's shards only: clip in between.
+      const auto loss = fsdp_model::loss_of(fsdp.forward(b, data.x[i]), data.y[i]);
+      fsdp.begin_backward(true);
+      loss.backward();
+      clipped += fsdp.clip_grad_norm(0.3).item<double>() > 0.3;
+      lb = stepper_b.finish_step(loss.detach());
+      opt_b.zero_grad();
+    } else {
+      lb = stepper_b.step(fsdp_model::loss_of(fsdp.forward(b, data.x[i]), data.y[i]));
+    }
+    const int64_t expect = (i + 1) % accumulation == 0 ? 4 : 0;  // 3 blocks + the root, at the boundary only
+    check(fsdp.reduce_scatters() - before == expect,
+          "step " + str(i) + ": " + str(fsdp.reduce_scatters() - before) + " reduce-scatters, expected " + str(expect));
+    check(bitwise ? torch::equal(la.loss, lb.loss) : torch::allclose(la.loss, lb.loss, 1e-5, 1e-6),
+          "step " + str(i) + ": loss " + std::to_string(la.loss.item<double>()) + " vs " +
+              std::to_string(lb.loss.item<double>()));
+    const auto pa = a->parameters();
+    const auto pb = fsdp.parameters();
+    for (size_t k = 0; k < pa.size(); ++k) {
+      const auto mine = my_rows(pa[k].detach(), rank, world);
+      check(mine.sizes() == pb[k].sizes(), "parameter " + str(static_cast<int64_t>(k)) + ": shard shape");
+      if (mine.numel() == 0) continue;
+      worst = std::max(worst, (mine - pb[k].detach()).abs().max().item<double>());
+      check(bitwise ? torch::equal(mine, pb[k].detach()) : torch::allclose(mine, pb[k].detach(), 1e-5, 1e-5),
+            "step " + str(i) + ": parameter " + fsdp.names()[k] + " differs by " +
+                std::to_string((mine - pb[k].detach()).abs().max().item<double>()));
+    }
+  }
+  check(!clip || clipped > 0, "no step was clipped: the case does not test clipping");
+  std::cout << "PASS " << test_case::name << " (" << (bitwise ? "bitwise" : "within 1e-5") << ", largest difference "
+            << worst << ")" << std::endl;
+}
+
+void expect_error(const std::function<void()>& f, const std::string& start, const std::string& what) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    check(msg.rfind(start, 0) == 0, what + ": message " + msg);
+    return;
+  }
+  fail(what + ": no error");
+}
+
+void errors() {
+  auto pg = init();
+  fsdp_model::Net net;
+  fsdp_model::Net other;
+  expect_error([&] { amp::FullyShard f(pg, *net, {other->units[0]}); },
+               "amp: FullyShard: a unit's parameters are not among the root's", "a unit of another model");
+  auto half = torch::nn::Linear(3, 3);
+  half->to(torch::kBFloat16);
+  expect_error([&] { amp::FullyShard f(pg, *half, {}); }, "amp: FullyShard: parameter 'weight' is BFloat16",
+               "a 16-bit model");
+  amp::FullyShard fsdp(pg, *net, net->units);
+  net->fsdp = &fsdp;
+  const fsdp_model::Data data(pg.rank(), 1);
+  fsdp_model::Block block(std::dynamic_pointer_cast<fsdp_model::BlockImpl>(net->units[0]));
+  expect_error([&] { fsdp.forward(block, data.x[0]); }, "amp: FullyShard::forward: a unit ran outside the root's",
+               "a unit outside the root's forward");
+  fsdp_model::Block stranger;
+  expect_error([&] { fsdp.forward(stranger, data.x[0]); }, "amp: FullyShard::forward: this module is neither",
+               "a module that is not a unit");
+  expect_error([&] { fsdp.clip_grad_norm(-1.0); }, "amp: FullyShard::clip_grad_norm: max_norm must be >= 0",
+               "a negative max_norm");
+  // Nothing changed: the model still trains.
+  const auto loss = fsdp_model::loss_of(fsdp.forward(net, data.x[0]), data.y[0]);
+  loss.backward();
+  for (const auto& p : fsdp.parameters()) check(p.grad().defined(), "a shard without gradient after the errors");
+  std::cout << "PASS errors" << std::endl;
+}
+
+void die(const std::string& how, const std::string& where) {
+  auto pg = init();
+  const bool last = pg.rank() == pg.world_size() - 1;
+  fsdp_model::Net net;
+  amp::FullyShard fsdp(pg, *net, net->units);
+  net->fsdp = &fsdp;
+  torch::optim::AdamW opt(fsdp.parameters(), torch::optim::AdamWOptions(1e-2));
+  const fsdp_model::Data data(pg.rank(), 4);
+  auto t0 = std::chrono::steady_clock::now();
+  auto die_here = [&](const char* here) {
+    if (last && where == here) std::raise(how == "kill" ? SIGKILL : SIGSTOP);
+  };
+  try {
+    for (int64_t i = 0; i < 4; ++i) {
+      t0 = std::chrono::steady_clock::now();
+      if (i == 2) die_here("gather");
+      const auto loss = fsdp_model::loss_of(fsdp.forward(net, data.x[i]), data.y[i]);
+      if (i == 2) die_here("reduce");
+      t0 = std::chrono::steady_clock::now();
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+    }
+  } catch (const c10::Error& e) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string msg = e.what_without_backtrace();
+    const std::string expect =
+        where == "gather" ? "amp: FullyShard all-gather on rank" : "amp: FullyShard reduce-scatter on rank";
+    check(msg.find(expect) != std::string::npos, "message: " + msg);
+    check(secs < test_case::timeout().count() / 1000.0 + 0.5, "took " + std::to_string(secs) + " s");
+    std::cout << "PASS " << test_case::name << " after " << secs << " s: " << msg.substr(0, msg.find('\n'))
+              << std::endl;
+    std::exit(3);  // a failed rank: tools/launch ends the stopped one
+  }
+  fail("no error");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(1);
+  std::vector<std::string> a(argv + 1, argv + argc);
+  if (a.empty()) fail("usage: fully_shard_cases CASE");
+  test_case::name = a[0];
+  try {
+    if (test_case::name == "memory") {
+      memory();
+      std::cout << "PASS memory" << std::endl;
+    } else if (test_case::name == "vs_dp") {
+      vs_dp(1, false);
+    } else if (test_case::name == "accumulate") {
+      vs_dp(2, false);
+    } else if (test_case::name == "clip") {
+      vs_dp(1, true);
+    } else if (test_case::name == "errors") {
+      errors();
+    } else if (test_case::name == "die" && a.size() == 3) {
+      die(a[1], a[2]);
+    } else {
+      fail("unknown case");
+    }
+  } catch (const std::exception& e) {
+    fail(std::string("exception: ") + e.what());
+  }
+  return 0;
+}
