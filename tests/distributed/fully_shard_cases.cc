@@ -34,8 +34,10 @@
 #include "amp/distributed.h"
 #include "amp/optim/low_bit_adam.h"
 #include "amp/optim/state_bytes.h"
+#include "amp/scaler/dynamic_scaler.h"
 #include "amp/scaler/no_scaler.h"
 #include "amp/train/stepper.h"
+#include "amp/train/trainer.h"
 #include "process_case.h"
 #include "tests/parity/fsdp_model.h"
 
@@ -236,6 +238,20 @@ void errors() {
                "a module that is not a unit");
   expect_error([&] { fsdp.clip_grad_norm(-1.0); }, "amp: FullyShard::clip_grad_norm: max_norm must be >= 0",
                "a negative max_norm");
+  // What would see one shard only is refused: the Stepper's clipping, a loss
+  // scaler's per-process skip decision, a Trainer's save().
+  torch::optim::AdamW opt(fsdp.parameters(), torch::optim::AdamWOptions(1e-2));
+  amp::Stepper<amp::NoScaler> clipping(opt, amp::StepOptions().max_grad_norm(1.0));
+  expect_error([&] { clipping.set_gradient_sync(&fsdp); },
+               "amp: StepOptions::max_grad_norm would see only this process's shards under FullyShard",
+               "the Stepper's own clipping");
+  amp::Stepper<amp::DynamicScaler> scaled(opt);
+  expect_error([&] { scaled.set_gradient_sync(&fsdp); },
+               "amp: a loss scaler's skip decision would see only this process's shards", "a loss scaler");
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+  trainer.stepper().set_gradient_sync(&fsdp);
+  expect_error([&] { trainer.save("/nonexistent-dir/never-written.pt"); },
+               "amp: Trainer::save would see only this process's shards", "Trainer::save");
   // Nothing changed: the model still trains.
   const auto loss = fsdp_model::loss_of(fsdp.forward(net, data.x[0]), data.y[0]);
   loss.backward();

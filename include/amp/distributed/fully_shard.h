@@ -182,6 +182,9 @@ class FullyShard : public GradientSync {
                   "amp: FullyShard: a backward did not complete its reduce-scatters; call "
                   "the root's forward through FullyShard::forward so that its end is seen");
   }
+  // The Stepper, Trainer and Fabric refuse what would see one shard only
+  // (their own clipping, a loss scaler, save()): gradient_sync.h.
+  bool shards_parameters() const override { return true; }
 
   // Bytes this rank holds: the padded shards; the sharded gradients; the
   // unsharded parameters now, and their most since reset_peak().

@@ -92,6 +92,7 @@ class OptimizerStep {
   void clip() { clip_grad_norm_no_sync(parameters(), max_grad_norm_, norm_type_); }
 
   bool fused() const { return fused_.has_value(); }
+  double max_grad_norm() const { return max_grad_norm_; }
   std::string optimizer_path() const {
     if (!fused_)
       return "unfused (the optimizer's own step()" +

@@ -188,6 +188,7 @@ class Fabric {
   // optimizer_step() before its update()).
   void save(const std::string& path) const {
     check_between_iterations("save");
+    detail::check_not_sharded(sync_, "Fabric::save", "checkpoints of the fully sharded mode are not there yet");
     torch::serialize::OutputArchive archive = archive_now();
     detail::atomic_write(path, [&](const std::string& tmp) { archive.save_to(tmp); });
   }
@@ -195,6 +196,7 @@ class Fabric {
   // save() into a stream: the same archive, for save_on_rank0's other ranks.
   void save_state(std::ostream& out) const {
     check_between_iterations("save");
+    detail::check_not_sharded(sync_, "Fabric::save", "checkpoints of the fully sharded mode are not there yet");
     archive_now().save_to(out);
   }
 
@@ -221,7 +223,16 @@ class Fabric {
   std::vector<at::Tensor> buffers() const { return collect(false).first; }
   // Installs (nullptr removes) the hook of multi-process training around
   // backward() (amp/distributed.h's DataParallel); not owned.
-  void set_gradient_sync(GradientSync* sync) { sync_ = sync; }
+  void set_gradient_sync(GradientSync* sync) {
+    for (const auto& part : parts_)
+      if (part->max_grad_norm() > 0.0)
+        detail::check_not_sharded(sync, "an optimizer's max_grad_norm",
+                                  "clip with fsdp.clip_grad_norm(max_norm) after backward and leave it at 0");
+    if constexpr (detail::uses_loss_scaling_v<scaler_type>)
+      detail::check_not_sharded(sync, "a loss scaler's skip decision",
+                                "train with bf16 or fp32: one skip decision across processes is not there yet");
+    sync_ = sync;
+  }
   GradientSync* gradient_sync() const { return sync_; }
 
   scaler_type& scaler() { return scaler_; }

@@ -16,6 +16,8 @@
 // amp/train/cross_process.h.
 #pragma once
 
+#include <c10/util/Exception.h>
+
 namespace amp {
 
 class GradientSync {
@@ -23,6 +25,19 @@ class GradientSync {
   virtual ~GradientSync() = default;
   virtual void begin_backward(bool boundary) = 0;
   virtual void finish_backward() = 0;
+  // True where each process holds only a shard of the parameters and their
+  // gradients (FullyShard): the Stepper's own clipping, a loss scaler's
+  // per-process skip decision and a Trainer's or Fabric's save() would then
+  // see one shard, so they refuse it with an amp: error.
+  virtual bool shards_parameters() const { return false; }
 };
+
+namespace detail {
+// The amp: error for what a GradientSync that shards parameters cannot serve (`what`), or nothing.
+inline void check_not_sharded(const GradientSync* sync, const char* what, const char* instead) {
+  TORCH_CHECK(sync == nullptr || !sync->shards_parameters(), "amp: ", what,
+              " would see only this process's shards under FullyShard; ", instead);
+}
+}  // namespace detail
 
 }  // namespace amp

@@ -207,6 +207,8 @@ class Trainer {
                 "amp: save() was called in the middle of gradient accumulation (micro-batch ", stepper_.micro_step(),
                 " of ", stepper_.options().accumulation_steps(),
                 "); call it after the step that completes the accumulation");
+    detail::check_not_sharded(stepper_.gradient_sync(), "Trainer::save",
+                              "checkpoints of the fully sharded mode are not there yet");
     torch::serialize::OutputArchive archive = state_archive();
     detail::atomic_write(path, [&](const std::string& tmp) { archive.save_to(tmp); });
   }
@@ -231,7 +233,11 @@ class Trainer {
   // a stream, and read back: an in-memory checkpoint in save()'s format.
   // load_state() replaces the model's and optimizer's tensors; on failure,
   // as load(), nothing changes.
-  void save_state(std::ostream& out) const { state_archive().save_to(out); }
+  void save_state(std::ostream& out) const {
+    detail::check_not_sharded(stepper_.gradient_sync(), "Trainer::save",
+                              "checkpoints of the fully sharded mode are not there yet");
+    state_archive().save_to(out);
+  }
   void load_state(std::istream& in) {
     torch::serialize::InputArchive archive;
     archive.load_from(in, parameter_device());
