@@ -1,8 +1,10 @@
 // amp/detail/zip_check.h: amp's own check of a LibTorch archive's bytes (a
 // zip file) before anything in it is deserialized.
 //
-//   const auto entries = amp::detail::check_zip(read, size, "'ckpt.pt'");  // throws an amp: error
-//   // read(pos, buf, n) fills buf with the n bytes at pos; size: the file's length
+//   const auto entries = amp::detail::check_zip(read, size, "'ckpt.pt'");  //
+//   throws an amp: error
+//   // read(pos, buf, n) fills buf with the n bytes at pos; size: the file's
+//   length
 //
 // LibTorch's reader (miniz, built with MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS)
 // never compares an entry's bytes with the CRC-32 its zip headers store: a
@@ -18,13 +20,16 @@
 // file's size in all: what LibTorch then allocates is bounded by the file.
 #pragma once
 
+#include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <string>
 #include <utility>
@@ -36,7 +41,8 @@ namespace detail {
 // Fills buf with the n bytes at pos (throws when it cannot).
 using ByteReader = std::function<void(uint64_t pos, void* buf, size_t n)>;
 
-// The entries' uncompressed bytes, all together, are at most this many times the file's.
+// The entries' uncompressed bytes, all together, are at most this many times
+// the file's.
 inline constexpr uint64_t kMaxExpansion = 4;
 
 // CRC-32 (zip's: reflected 0xEDB88320), slicing by 8.
@@ -76,14 +82,17 @@ struct ZipEntry {
   uint16_t method = 0;  // 0 stored, 8 deflated
   uint32_t crc = 0;
   uint64_t compressed = 0, uncompressed = 0;
-  uint64_t header = 0, data = 0;  // offsets of the local header and of the stored bytes
-  uint64_t descriptor = 0;        // the data descriptor's bytes after them
+  uint64_t header = 0,
+           data = 0;        // offsets of the local header and of the stored bytes
+  uint64_t descriptor = 0;  // the data descriptor's bytes after them
 };
 
-// A refusal: "amp: could not read <source>: it is damaged or not a LibTorch archive (<what>); ...".
+// A refusal: "amp: could not read <source>: it is damaged or not a LibTorch
+// archive (<what>); ...".
 [[noreturn]] inline void zip_fail(const std::string& source, const std::string& what) {
   TORCH_CHECK(false, "amp: could not read ", source, ": it is damaged or not a LibTorch archive (", what,
-              "); nothing was loaded. Load another copy of it or an earlier checkpoint");
+              "); nothing was loaded. Load another copy of it or an earlier "
+              "checkpoint");
 }
 
 inline uint64_t le(const uint8_t* p, int bytes) {
@@ -183,8 +192,8 @@ class Inflater {
     for (int i = 0; i < len; ++i) put(static_cast<uint8_t>(byte()));
   }
 
-  // Canonical code from lengths; refuses an over-subscribed code (incomplete ones
-  // are allowed only for a single code, as zlib).
+  // Canonical code from lengths; refuses an over-subscribed code (incomplete
+  // ones are allowed only for a single code, as zlib).
   static void construct(Huffman& h, const int16_t* length, int n) {
     h.count.fill(0);
     for (int s = 0; s < n; ++s) h.count[static_cast<size_t>(length[s])]++;
@@ -200,7 +209,8 @@ class Inflater {
       offs[static_cast<size_t>(len) + 1] =
           static_cast<int16_t>(offs[static_cast<size_t>(len)] + h.count[static_cast<size_t>(len)]);
     for (int s = 0; s < n; ++s)
-      if (length[s] != 0) h.symbol[static_cast<size_t>(offs[static_cast<size_t>(length[s])]++)] = static_cast<int16_t>(s);
+      if (length[s] != 0)
+        h.symbol[static_cast<size_t>(offs[static_cast<size_t>(length[s])]++)] = static_cast<int16_t>(s);
   }
   int decode(const Huffman& h) {
     int code = 0, first = 0, index = 0;
@@ -218,10 +228,13 @@ class Inflater {
   void codes(const Huffman& lencode, const Huffman& distcode) {
     static constexpr int16_t lbase[29] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,  15,  17,  19,  23, 27,
                                           31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
-    static constexpr int16_t lext[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
-    static constexpr int16_t dbase[30] = {1,   2,   3,   4,   5,   7,    9,    13,   17,   25,   33,   49,   65,    97,    129,
-                                          193, 257, 385, 513, 769, 1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
-    static constexpr int16_t dext[30] = {0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
+    static constexpr int16_t lext[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
+                                         2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
+    static constexpr int16_t dbase[30] = {1,    2,    3,    4,    5,    7,    9,    13,    17,    25,
+                                          33,   49,   65,   97,   129,  193,  257,  385,   513,   769,
+                                          1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
+    static constexpr int16_t dext[30] = {0, 0, 0, 0, 1, 1, 2, 2,  3,  3,  4,  4,  5,  5,  6,
+                                         6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
     for (;;) {
       int symbol = decode(lencode);
       if (symbol < 256) {
@@ -295,60 +308,346 @@ class Inflater {
   Sink sink_;
 };
 
-// Walks a pickle's opcodes (protocols 0-5) to its STOP; returns "" or what is wrong.
-// Every length stays within the entry, and a memo index below its size (torch's
-// unpickler reserves memo space by index and allocates strings by length before
-// reading them).
-inline std::string check_pickle(const std::string& p) {
+// A tensor storage that a pickle names (torch's persistent id: ('storage',
+// torch.<T>Storage, key, location, numel)), read from record data/<key>.
+struct PickledStorage {
+  std::string key, type;  // type: "torch.FloatStorage"
+  int64_t numel = 0;
+};
+
+// What check_pickle keeps of a value on the pickle's stack.
+struct PickleValue {
+  enum Kind { kMark, kString, kGlobal, kInt, kTuple, kOther } kind = kOther;
+  std::string text;                // a string's, a global's "module.name"
+  int64_t number = 0;              // an int's
+  std::vector<PickleValue> items;  // a short tuple's
+};
+
+// Runs a pickle's opcodes (protocols 0-5) on a model of its stack and memo to
+// its STOP; returns "" or what is wrong. Every length stays within the entry
+// and a memo index below its size (torch's unpickler allocates strings by
+// their length and reserves memo space by index before reading them); the
+// tensor storages it names go to `storages`.
+inline std::string check_pickle(const std::string& p, std::vector<PickledStorage>* storages = nullptr) {
+  using V = PickleValue;
   const auto n = static_cast<uint64_t>(p.size());
   uint64_t i = 0;
+  std::vector<V> stack;
+  std::map<uint64_t, V> memo;
   auto need = [&](uint64_t k) { return k <= n - i; };
   auto arg = [&](int bytes) { return le(reinterpret_cast<const uint8_t*>(p.data()) + i, bytes); };
-  auto line = [&]() {
+  auto line = [&](std::string* out) {
     const auto e = p.find('\n', static_cast<size_t>(i));
     if (e == std::string::npos) return false;
+    *out = p.substr(static_cast<size_t>(i), e - static_cast<size_t>(i));
     i = e + 1;
     return true;
   };
+  auto pop = [&](V* out) {
+    if (stack.empty() || stack.back().kind == V::kMark) return false;
+    if (out != nullptr) *out = std::move(stack.back());
+    stack.pop_back();
+    return true;
+  };
+  auto pop_mark = [&](std::vector<V>* items) {
+    size_t m = stack.size();
+    while (m > 0 && stack[m - 1].kind != V::kMark) --m;
+    if (m == 0) return false;
+    if (items != nullptr)
+      items->assign(std::make_move_iterator(stack.begin() + static_cast<std::ptrdiff_t>(m)),
+                    std::make_move_iterator(stack.end()));
+    stack.resize(m - 1);
+    return true;
+  };
+  auto tuple = [](std::vector<V> items) {
+    V t;
+    t.kind = V::kTuple;
+    if (items.size() <= 8) t.items = std::move(items);
+    return t;
+  };
+  auto other = [] { return V{}; };
   while (i < n) {
+    const uint64_t at = i;
     const auto op = static_cast<uint8_t>(p[static_cast<size_t>(i++)]);
-    int fixed = -1, counted = 0, lines = 0;
-    bool memo = false;
+    const std::string where = " at byte " + std::to_string(at);
+    // The argument: a fixed number of bytes, a counted string, or text lines.
+    int fixed = 0, counted = 0, lines = 0;
     switch (op) {
-      case '.': return i == n ? "" : "bytes after its STOP";
-      case '(': case '0': case '1': case '2': case 'N': case 0x88: case 0x89: case ']': case 'a': case 'e':
-      case 'l': case ')': case 't': case 0x85: case 0x86: case 0x87: case '}': case 'd': case 's': case 'u':
-      case 0x8f: case 0x90: case 0x91: case 'R': case 'b': case 0x81: case 0x92: case 0x93: case 0x94:
-      case 'Q': case 0x97: case 0x98: fixed = 0; break;
-      case 'K': case 'h': case 0x80: case 0x82: fixed = 1; break;
-      case 'q': fixed = 1; memo = true; break;
-      case 'M': case 0x83: fixed = 2; break;
-      case 'J': case 'j': case 0x84: fixed = 4; break;
-      case 'r': fixed = 4; memo = true; break;
-      case 'G': case 0x95: fixed = 8; break;
-      case 'U': case 0x8c: case 'C': case 0x8a: counted = 1; break;
-      case 'T': case 'X': case 'B': case 0x8b: counted = 4; break;
-      case 0x8d: case 0x8e: case 0x96: counted = 8; break;
-      case 'I': case 'L': case 'S': case 'V': case 'F': case 'P': case 'g': case 'p': lines = 1; break;
-      case 'c': case 'i': lines = 2; break;
-      default: return "an unknown opcode " + std::to_string(op) + " at byte " + std::to_string(i - 1);
+      case 'K':
+      case 'h':
+      case 'q':
+      case 0x80:
+      case 0x82:
+      case 'U':
+      case 0x8c:
+      case 'C':
+      case 0x8a:
+        fixed = 1;
+        break;
+      case 'M':
+      case 0x83:
+        fixed = 2;
+        break;
+      case 'J':
+      case 'j':
+      case 'r':
+      case 0x84:
+      case 'T':
+      case 'X':
+      case 'B':
+      case 0x8b:
+        fixed = 4;
+        break;
+      case 'G':
+      case 0x95:
+      case 0x8d:
+      case 0x8e:
+      case 0x96:
+        fixed = 8;
+        break;
+      case 'I':
+      case 'L':
+      case 'S':
+      case 'V':
+      case 'F':
+      case 'P':
+      case 'g':
+      case 'p':
+        lines = 1;
+        break;
+      case 'c':
+      case 'i':
+        lines = 2;
+        break;
+      default:
+        break;
     }
-    if (fixed >= 0) {
-      if (!need(static_cast<uint64_t>(fixed))) return "it ends inside an opcode's argument";
-      if (memo && arg(fixed) >= n) return "a memo index beyond its size at byte " + std::to_string(i - 1);
+    switch (op) {
+      case 'U':
+      case 0x8c:
+      case 'C':
+      case 0x8a:
+      case 'T':
+      case 'X':
+      case 'B':
+      case 0x8b:
+      case 0x8d:
+      case 0x8e:
+      case 0x96:
+        counted = fixed;
+        fixed = 0;
+        break;
+      default:
+        break;
+    }
+    uint64_t value = 0;
+    std::string text, text2;
+    if (!need(static_cast<uint64_t>(fixed + counted))) return "it ends inside an opcode's argument" + where;
+    if (fixed > 0) {
+      value = arg(fixed);
       i += static_cast<uint64_t>(fixed);
     } else if (counted > 0) {
-      if (!need(static_cast<uint64_t>(counted))) return "it ends inside a length";
       const uint64_t len = arg(counted);
       i += static_cast<uint64_t>(counted);
-      if (!need(len)) return "a length of " + std::to_string(len) + " bytes past its end at byte " + std::to_string(i);
+      if (!need(len)) return "a length of " + std::to_string(len) + " bytes past its end" + where;
+      text = p.substr(static_cast<size_t>(i), static_cast<size_t>(len));
       i += len;
-    } else {
-      for (int k = 0; k < lines; ++k)
-        if (!line()) return "it ends inside a text argument";
+    } else if ((lines >= 1 && !line(&text)) || (lines == 2 && !line(&text2))) {
+      return "it ends inside a text argument" + where;
     }
+    V v;
+    bool ok = true;
+    switch (op) {
+      case '.':
+        return i == n ? "" : "bytes after its STOP";
+      case '(':
+        v.kind = V::kMark;
+        stack.push_back(v);
+        break;
+      case '0':
+        ok = !stack.empty();
+        if (ok) stack.pop_back();
+        break;
+      case '1':
+        ok = pop_mark(nullptr);
+        break;
+      case '2':
+        ok = !stack.empty();
+        if (ok) stack.push_back(stack.back());
+        break;
+      case 'X':
+      case 0x8c:
+      case 0x8d:
+      case 'V':
+      case 'S':
+      case 'T':
+      case 'U':
+        v.kind = V::kString;
+        v.text = text;
+        stack.push_back(v);
+        break;
+      case 'K':
+      case 'M':
+        v.kind = V::kInt;
+        v.number = static_cast<int64_t>(value);
+        stack.push_back(v);
+        break;
+      case 'J':
+        v.kind = V::kInt;
+        v.number = static_cast<int32_t>(static_cast<uint32_t>(value));
+        stack.push_back(v);
+        break;
+      case 0x8a:  // LONG1: little-endian two's complement
+        if (text.size() <= 8) {
+          uint64_t u = 0;
+          for (size_t k = text.size(); k-- > 0;) u = u << 8 | static_cast<uint8_t>(text[k]);
+          if (!text.empty() && text.size() < 8 && (static_cast<uint8_t>(text.back()) & 0x80u))
+            u |= ~uint64_t{0} << (8 * text.size());
+          v.kind = V::kInt;
+          v.number = static_cast<int64_t>(u);
+        }
+        stack.push_back(v);
+        break;
+      case 'N':
+      case 0x88:
+      case 0x89:
+      case ']':
+      case '}':
+      case 0x8f:
+      case 'B':
+      case 'C':
+      case 0x8e:
+      case 0x96:
+      case 'G':
+      case 'F':
+      case 'I':
+      case 'L':
+      case 0x8b:
+      case 'P':
+      case 0x82:
+      case 0x83:
+      case 0x84:
+      case 0x97:
+        stack.push_back(other());
+        break;
+      case ')':
+        stack.push_back(tuple({}));
+        break;
+      case 'a':
+        ok = pop(nullptr) && !stack.empty();
+        break;
+      case 'e':
+      case 'u':
+      case 0x90:
+        ok = pop_mark(nullptr) && !stack.empty();
+        break;
+      case 'l':
+      case 'd':
+      case 0x91:
+        ok = pop_mark(nullptr);
+        stack.push_back(other());
+        break;
+      case 'i':
+      case 'o':
+        ok = pop_mark(nullptr);
+        stack.push_back(other());
+        break;
+      case 't': {
+        std::vector<V> items;
+        ok = pop_mark(&items);
+        stack.push_back(tuple(std::move(items)));
+        break;
+      }
+      case 0x85:
+      case 0x86:
+      case 0x87: {
+        std::vector<V> items(static_cast<size_t>(op - 0x84));
+        for (size_t k = items.size(); ok && k-- > 0;) ok = pop(&items[k]);
+        stack.push_back(tuple(std::move(items)));
+        break;
+      }
+      case 's':
+        ok = pop(nullptr) && pop(nullptr) && !stack.empty();
+        break;
+      case 'c':
+        v.kind = V::kGlobal;
+        v.text = text + "." + text2;
+        stack.push_back(v);
+        break;
+      case 0x93: {
+        V name, module;
+        ok = pop(&name) && pop(&module);
+        v.kind = V::kGlobal;
+        v.text = module.text + "." + name.text;
+        stack.push_back(v);
+        break;
+      }
+      case 'R':
+      case 0x81:
+        ok = pop(nullptr) && pop(nullptr);
+        stack.push_back(other());
+        break;
+      case 0x92:
+        ok = pop(nullptr) && pop(nullptr) && pop(nullptr);
+        stack.push_back(other());
+        break;
+      case 'b':
+        ok = pop(nullptr) && !stack.empty();
+        break;
+      case 'Q': {
+        ok = pop(&v);
+        const auto& t = v.items;
+        if (ok && storages != nullptr && v.kind == V::kTuple && t.size() == 5 && t[0].kind == V::kString &&
+            t[0].text == "storage" && t[1].kind == V::kGlobal && t[2].kind == V::kString && t[4].kind == V::kInt)
+          storages->push_back({t[2].text, t[1].text, t[4].number});
+        stack.push_back(other());
+        break;
+      }
+      case 'q':
+      case 'r':
+      case 'p':
+      case 0x94: {
+        if (op == 'p') value = static_cast<uint64_t>(std::strtoull(text.c_str(), nullptr, 10));
+        if (op == 0x94) value = memo.size();
+        if (value >= n) return "a memo index beyond its size" + where;
+        ok = !stack.empty();
+        if (ok) memo[value] = stack.back();
+        break;
+      }
+      case 'h':
+      case 'j':
+      case 'g': {
+        if (op == 'g') value = static_cast<uint64_t>(std::strtoull(text.c_str(), nullptr, 10));
+        const auto it = memo.find(value);
+        if (it == memo.end()) return "a memo index that was never stored" + where;
+        stack.push_back(it->second);
+        break;
+      }
+      case 0x80:
+      case 0x95:
+      case 0x98:
+        break;
+      default:
+        return "an unknown opcode " + std::to_string(op) + where;
+    }
+    if (!ok) return "an opcode that pops more than the stack holds" + where;
   }
   return "no STOP";
+}
+
+// The bytes of one element of torch.<T>Storage (0 for a type this LibTorch does
+// not know).
+inline size_t storage_element_size(const std::string& type) {
+  const std::string prefix = "torch.", suffix = "Storage";
+  if (type.size() <= prefix.size() + suffix.size() || type.compare(0, prefix.size(), prefix) != 0 ||
+      type.compare(type.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return 0;
+  const std::string name = type.substr(prefix.size(), type.size() - prefix.size() - suffix.size());
+  for (int k = 0; k < static_cast<int>(c10::ScalarType::NumOptions); ++k) {
+    const auto t = static_cast<c10::ScalarType>(k);
+    if (t != c10::ScalarType::Undefined && name == c10::toString(t)) return c10::elementSize(t);
+  }
+  return 0;
 }
 
 // Checks the archive of `size` bytes that `read` gives (see the banner) and
@@ -372,7 +671,10 @@ inline std::vector<ZipEntry> check_zip(const ByteReader& read, uint64_t size, co
       break;
     }
   }
-  if (eocd < 0) fail("no end of central directory record (the file is truncated or not a zip file)");
+  if (eocd < 0)
+    fail(
+        "no end of central directory record (the file is truncated or not a "
+        "zip file)");
   const uint8_t* e = tail.data() + eocd;
   const uint64_t eocd_pos = size - tail_len + static_cast<uint64_t>(eocd);
   uint64_t entries = le(e + 10, 2), cd_size = le(e + 12, 4), cd_offset = le(e + 16, 4);
@@ -399,12 +701,15 @@ inline std::vector<ZipEntry> check_zip(const ByteReader& read, uint64_t size, co
       cd_offset = off64;
       cd_end_limit = z;
     } else if (needed) {
-      fail("no ZIP64 locator before an end of central directory record that needs one");
+      fail(
+          "no ZIP64 locator before an end of central directory record that "
+          "needs one");
     }
   }
   if (cd_offset > cd_end_limit || cd_size > cd_end_limit - cd_offset)
     fail("the central directory lies outside the file");
-  if (entries > cd_size / 46) fail("the central directory is too short for its " + std::to_string(entries) + " entries");
+  if (entries > cd_size / 46)
+    fail("the central directory is too short for its " + std::to_string(entries) + " entries");
   const std::vector<uint8_t> cd = bytes(cd_offset, static_cast<size_t>(cd_size));
 
   std::vector<ZipEntry> out;
@@ -431,7 +736,8 @@ inline std::vector<ZipEntry> check_zip(const ByteReader& read, uint64_t size, co
     if (le(c + 34, 2) != 0) fail(entry + " is on another disk");
     if (flags & 0x41u) fail(entry + " is encrypted");
     if (z.method != 0 && z.method != 8) fail(entry + " has compression method " + std::to_string(z.method));
-    // ZIP64 extended information: the fields that are 0xFFFFFFFF, in this order.
+    // ZIP64 extended information: the fields that are 0xFFFFFFFF, in this
+    // order.
     const uint8_t* x = c + 46 + name_len;
     for (size_t xo = 0; xo + 4 <= extra_len;) {
       const uint64_t id = le(x + xo, 2), len = le(x + xo + 2, 2);
@@ -458,16 +764,22 @@ inline std::vector<ZipEntry> check_zip(const ByteReader& read, uint64_t size, co
     if (std::string(ln.begin(), ln.end()) != z.name)
       fail(entry + ": its local header names '" + std::string(ln.begin(), ln.end()) + "'");
     if (le(l.data() + 8, 2) != z.method || le(l.data() + 6, 2) != flags)
-      fail(entry + ": its local header and central record disagree on its method or flags");
-    if (!(flags & 0x08u)) {  // no data descriptor: the local header has the CRC and the sizes
+      fail(entry +
+           ": its local header and central record disagree on its "
+           "method or flags");
+    if (!(flags & 0x08u)) {  // no data descriptor: the local header has the CRC
+                             // and the sizes
       const uint64_t lc = le(l.data() + 18, 4), lu = le(l.data() + 22, 4);
       if (le(l.data() + 14, 4) != z.crc || (lc != 0xFFFFFFFFu && lc != z.compressed) ||
           (lu != 0xFFFFFFFFu && lu != z.uncompressed))
-        fail(entry + ": its local header and central record disagree on its CRC-32 or sizes");
+        fail(entry +
+             ": its local header and central record disagree on its "
+             "CRC-32 or sizes");
     }
     z.data = z.header + 30 + lname + lextra;
     if (z.compressed > cd_offset - z.data) fail(entry + ": its data runs past the end of the entries");
-    if (flags & 0x08u) {  // the data descriptor after the data (LibTorch writes one): CRC-32 and sizes again
+    if (flags & 0x08u) {  // the data descriptor after the data (LibTorch writes
+                          // one): CRC-32 and sizes again
       const bool wide = z.compressed >= 0xFFFFFFFFu || z.uncompressed >= 0xFFFFFFFFu;
       const uint64_t room = cd_offset - z.data - z.compressed;
       const size_t width = wide ? 8 : 4, len = 4 + 2 * width;
@@ -476,7 +788,9 @@ inline std::vector<ZipEntry> check_zip(const ByteReader& read, uint64_t size, co
       if (d.size() < sig + len || le(d.data() + sig, 4) != z.crc ||
           le(d.data() + sig + 4, static_cast<int>(width)) != z.compressed ||
           le(d.data() + sig + 4 + width, static_cast<int>(width)) != z.uncompressed)
-        fail(entry + ": its data descriptor and central record disagree on its CRC-32 or sizes");
+        fail(entry +
+             ": its data descriptor and central record disagree on its "
+             "CRC-32 or sizes");
       z.descriptor = sig + len;
     }
     if (z.method == 0 && z.compressed != z.uncompressed) fail(entry + " is stored but its two sizes differ");
@@ -500,7 +814,8 @@ inline std::vector<ZipEntry> check_zip(const ByteReader& read, uint64_t size, co
     if (order[k - 1]->data + order[k - 1]->compressed + order[k - 1]->descriptor > order[k]->header)
       fail("entries '" + order[k - 1]->name + "' and '" + order[k]->name + "' overlap");
 
-  // One archive (every name under the first's folder), with the records LibTorch reads first.
+  // One archive (every name under the first's folder), with the records
+  // LibTorch reads first.
   const auto slash = out.empty() ? std::string::npos : out.front().name.find('/');
   if (slash == std::string::npos) fail("no entry in an archive folder");
   const std::string folder = out.front().name.substr(0, slash + 1);
@@ -537,8 +852,26 @@ inline std::vector<ZipEntry> check_zip(const ByteReader& read, uint64_t size, co
       fail(entry + ": its bytes do not match their CRC-32 (stored " + c10::str(std::hex, z.crc) + ", computed " +
            c10::str(std::hex, crc) + ")");
     if (is_pickle) {
-      const std::string wrong = check_pickle(kept);
+      const bool data = z.name == folder + "data.pkl";
+      std::vector<PickledStorage> storages;
+      const std::string wrong = check_pickle(kept, data ? &storages : nullptr);
       if (!wrong.empty()) fail(entry + " is not a valid pickle: " + wrong);
+      // LibTorch makes each storage of numel elements over its record's bytes,
+      // whatever their length.
+      for (const auto& st : storages) {
+        const size_t element = storage_element_size(st.type);
+        if (element == 0) fail(entry + " names a storage of type '" + st.type + "', which this LibTorch does not know");
+        if (st.numel < 0 || static_cast<uint64_t>(st.numel) > size)
+          fail(entry + " gives storage '" + st.key + "' " + std::to_string(st.numel) + " elements");
+        if (st.numel == 0) continue;
+        const auto record = by_name.find(folder + "data/" + st.key);
+        if (record == by_name.end()) fail("entry '" + folder + "data/" + st.key + "' is missing");
+        const uint64_t bytes_needed = static_cast<uint64_t>(st.numel) * element;
+        if (out[record->second].uncompressed < bytes_needed)
+          fail("entry '" + folder + "data/" + st.key + "' holds " + std::to_string(out[record->second].uncompressed) +
+               " bytes, but its " + st.type + " of " + std::to_string(st.numel) + " elements needs " +
+               std::to_string(bytes_needed));
+      }
     }
   }
   return out;

@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -159,6 +160,31 @@ inline torch::serialize::InputArchive open_checkpoint(const std::string& path, c
   return archive;
 }
 
+// The scaler entries' values (torch.amp.GradScaler's keys and amp's
+// extensions), where present: torch's load_state_dict takes any value, so a
+// checkpoint with a NaN or negative scale would train on with it.
+inline void check_scaler_state(const StateDict& state) {
+  auto get = [&](const char* key, bool integer) -> std::optional<double> {
+    if (!state.contains(key)) return std::nullopt;
+    return integer ? static_cast<double>(state_int(state, key)) : state_double(state, key);
+  };
+  auto check = [](const char* key, double v, bool fits, const char* rule) {
+    TORCH_CHECK(fits, "amp: the checkpoint's 'scaler/", key, "' is ", v, ", but it must be ", rule,
+                ": the checkpoint is damaged");
+  };
+  if (auto v = get("scale", false)) check("scale", *v, std::isfinite(*v) && *v > 0.0, "finite and > 0");
+  if (auto v = get("growth_factor", false)) check("growth_factor", *v, std::isfinite(*v) && *v > 1.0, "finite and > 1");
+  if (auto v = get("backoff_factor", false)) check("backoff_factor", *v, *v > 0.0 && *v < 1.0, "in (0, 1)");
+  const auto interval = get("growth_interval", true);
+  if (interval) check("growth_interval", *interval, *interval >= 1.0, ">= 1");
+  if (auto v = get("_growth_tracker", true))
+    check("_growth_tracker", *v, *v >= 0.0 && (!interval || *v < *interval), "in [0, growth_interval)");
+  if (auto v = get("min_scale", false)) check("min_scale", *v, std::isfinite(*v) && *v >= 0.0, "finite and >= 0");
+  if (auto v = get("max_scale", false)) check("max_scale", *v, *v > 0.0, "> 0");
+  if (auto v = get("hysteresis", true)) check("hysteresis", *v, *v >= 1.0, ">= 1");
+  if (auto v = get("_hysteresis_tracker", true)) check("_hysteresis_tracker", *v, *v >= 0.0, ">= 0");
+}
+
 template <class Scaler>
 CheckpointCounters apply_scaler_and_counters(torch::serialize::InputArchive& archive, Scaler& scaler) {
   torch::serialize::InputArchive scaler_archive;
@@ -178,6 +204,7 @@ CheckpointCounters apply_scaler_and_counters(torch::serialize::InputArchive& arc
                                {"amp/batch_in_epoch", batch}})
     TORCH_CHECK(v.isInt() && v.toInt() >= 0, "amp: the checkpoint's '", key, "' is ", v,
                 ", not a count >= 0: the checkpoint is damaged");
+  check_scaler_state(state);
   scaler.load_state_dict(state);
   return CheckpointCounters{step.toInt(), epoch.toInt(), batch.toInt()};
 }
