@@ -47,9 +47,11 @@
 #include <utility>
 #include <vector>
 
+#include "amp/detail/checked_archive.h"
 #include "amp/distributed/process_group.h"
 #include "amp/optim/fused.h"
 #include "amp/optim/supports_amp_scaling.h"
+#include "amp/train/checkpoint.h"
 #include "amp/distributed/detail/data_parallel_impl.h"
 
 namespace amp {
@@ -182,9 +184,9 @@ class ShardedOptimizer : public torch::optim::Optimizer, public SupportsAmpScali
     std::unique_ptr<Inner> full = make_(param_groups_);
     for (int r = 0; r < pg_.world_size(); ++r) {
       std::unique_ptr<Inner> part = make_(groups_of(r));
-      std::istringstream in(blobs[static_cast<size_t>(r)]);
-      torch::serialize::InputArchive a;
-      a.load_from(in, device_);
+      torch::serialize::InputArchive a =
+          detail::read_archive(blobs[static_cast<size_t>(r)], device_,
+                               "rank " + std::to_string(r) + "'s optimizer state", "the bytes its save() sent");
       part->load(a);
       for (auto& entry : part->state()) full->state()[entry.first] = std::move(entry.second);
     }
@@ -197,6 +199,7 @@ class ShardedOptimizer : public torch::optim::Optimizer, public SupportsAmpScali
   void load(torch::serialize::InputArchive& archive) override {
     std::unique_ptr<Inner> full = make_(param_groups_);
     full->load(archive);
+    detail::check_optimizer_state(*full);
     for (size_t g = 0; g < param_groups_.size(); ++g) {
       param_groups_[g].set_options(full->param_groups()[g].options().clone());
       inner_->param_groups()[g].set_options(full->param_groups()[g].options().clone());

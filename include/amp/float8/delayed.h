@@ -150,6 +150,14 @@ class DelayedScaling {
       TORCH_CHECK(t != nullptr, "amp: the float8 state lacks ", item.key(), "; track the same linears before loading");
       TORCH_CHECK(t->sizes() == item.value().sizes(), "amp: the float8 state's ", item.key(), " is ", t->sizes(),
                   ", this one's ", item.value().sizes(), " (another history length?)");
+      // What delayed_scale_update can leave: scales finite and > 0; an amax is never
+      // negative (a recorded inf or NaN is kept: the update skips it).
+      const bool scale = item.key().size() >= 6 && item.key().compare(item.key().size() - 6, 6, "_scale") == 0;
+      const at::Tensor v = t->detach().to(at::kDouble);
+      TORCH_CHECK(
+          scale ? at::isfinite(v).all().item<bool>() && (v > 0.0).all().item<bool>() : !(v < 0.0).any().item<bool>(),
+          "amp: the float8 state's ", item.key(),
+          scale ? " holds a scale that is not finite and > 0" : " holds a negative amax", ": the state is damaged");
     }
     at::NoGradGuard no_grad;
     for (const auto& item : mine) item.value().copy_(*state.find(item.key()));

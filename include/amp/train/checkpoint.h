@@ -21,18 +21,28 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 #include <torch/types.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <cmath>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "amp/detail/atomic_file.h"
+#include "amp/detail/checked_archive.h"
+#include "amp/detail/compat.h"
 #include "amp/scaler/state_dict.h"
 
 namespace amp {
@@ -72,7 +82,14 @@ inline void read_lrs(torch::serialize::InputArchive& archive, const std::string&
   auto& groups = optimizer.param_groups();
   TORCH_CHECK(lrs.dim() == 1 && lrs.numel() == static_cast<int64_t>(groups.size()), "amp: the checkpoint's '", key,
               "' has ", lrs.numel(), " learning rates for an optimizer of ", groups.size(), " parameter groups");
-  const at::Tensor values = lrs.to(torch::kCPU, torch::kDouble).contiguous();
+  TORCH_CHECK(lrs.scalar_type() == torch::kDouble, "amp: the checkpoint's '", key, "' is ", lrs.toString(),
+              ", not Double: the checkpoint is damaged");
+  const at::Tensor values = lrs.to(torch::kCPU).contiguous();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const double lr = values.data_ptr<double>()[i];
+    TORCH_CHECK(std::isfinite(lr) && lr >= 0.0, "amp: the checkpoint's '", key, "' holds the learning rate ", lr,
+                " for parameter group ", i, ": the checkpoint is damaged");
+  }
   for (size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(values.data_ptr<double>()[i]);
 }
 
@@ -128,14 +145,8 @@ torch::serialize::OutputArchive checkpoint_archive(const std::string& precision,
 // `who` names the loader in errors ("Trainer").
 inline torch::serialize::InputArchive open_checkpoint(const std::string& path, const c10::Device& device,
                                                       const std::string& precision, const char* who = "Trainer") {
-  torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(path, device);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "amp: could not read checkpoint '", path,
-                "' (missing, truncated or not a checkpoint written by amp::", who,
-                "::save): ", e.what_without_backtrace());
-  }
+  torch::serialize::InputArchive archive =
+      read_archive(path, device, std::string("a checkpoint written by amp::") + who + "::save");
   c10::IValue format, name;
   TORCH_CHECK(archive.try_read("amp/format", format) && archive.try_read("amp/precision", name), "amp: '", path,
               "' is not a checkpoint written by amp::", who, "::save (no amp/format entry)");
@@ -147,6 +158,31 @@ inline torch::serialize::InputArchive open_checkpoint(const std::string& path, c
               " of that policy (see amp::dispatch_precision), or start from the model "
               "weights alone with torch::load");
   return archive;
+}
+
+// The scaler entries' values (torch.amp.GradScaler's keys and amp's
+// extensions), where present: torch's load_state_dict takes any value, so a
+// checkpoint with a NaN or negative scale would train on with it.
+inline void check_scaler_state(const StateDict& state) {
+  auto get = [&](const char* key, bool integer) -> std::optional<double> {
+    if (!state.contains(key)) return std::nullopt;
+    return integer ? static_cast<double>(state_int(state, key)) : state_double(state, key);
+  };
+  auto check = [](const char* key, double v, bool fits, const char* rule) {
+    TORCH_CHECK(fits, "amp: the checkpoint's 'scaler/", key, "' is ", v, ", but it must be ", rule,
+                ": the checkpoint is damaged");
+  };
+  if (auto v = get("scale", false)) check("scale", *v, std::isfinite(*v) && *v > 0.0, "finite and > 0");
+  if (auto v = get("growth_factor", false)) check("growth_factor", *v, std::isfinite(*v) && *v > 1.0, "finite and > 1");
+  if (auto v = get("backoff_factor", false)) check("backoff_factor", *v, *v > 0.0 && *v < 1.0, "in (0, 1)");
+  const auto interval = get("growth_interval", true);
+  if (interval) check("growth_interval", *interval, *interval >= 1.0, ">= 1");
+  if (auto v = get("_growth_tracker", true))
+    check("_growth_tracker", *v, *v >= 0.0 && (!interval || *v < *interval), "in [0, growth_interval)");
+  if (auto v = get("min_scale", false)) check("min_scale", *v, std::isfinite(*v) && *v >= 0.0, "finite and >= 0");
+  if (auto v = get("max_scale", false)) check("max_scale", *v, *v > 0.0, "> 0");
+  if (auto v = get("hysteresis", true)) check("hysteresis", *v, *v >= 1.0, ">= 1");
+  if (auto v = get("_hysteresis_tracker", true)) check("_hysteresis_tracker", *v, *v >= 0.0, ">= 0");
 }
 
 template <class Scaler>
@@ -163,8 +199,81 @@ CheckpointCounters apply_scaler_and_counters(torch::serialize::InputArchive& arc
     scaler_archive.read(key, v);
     state.insert(key, v);
   }
+  for (const auto& [key, v] : {std::pair<const char*, const c10::IValue&>{"amp/step", step},
+                               {"amp/epoch", epoch},
+                               {"amp/batch_in_epoch", batch}})
+    TORCH_CHECK(v.isInt() && v.toInt() >= 0, "amp: the checkpoint's '", key, "' is ", v,
+                ", not a count >= 0: the checkpoint is damaged");
+  check_scaler_state(state);
   scaler.load_state_dict(state);
   return CheckpointCounters{step.toInt(), epoch.toInt(), batch.toInt()};
+}
+
+// Refuses a model entry of another shape or dtype, and a missing one, before
+// anything changes: LibTorch's Module::load() set_()s a parameter to whatever
+// tensor the archive holds, of any shape or dtype. `path` prefixes errors ("model/").
+inline void check_module_fits(torch::serialize::InputArchive& archive, const torch::nn::Module& module,
+                              const std::string& path) {
+  auto check = [&](const std::string& key, const at::Tensor& mine, bool buffer) {
+    if (!mine.defined()) return;
+    at::Tensor saved;
+    TORCH_CHECK(archive.try_read(key, saved, buffer), "amp: the checkpoint has no '", path, key,
+                "' for this model: it was written for another model, or is damaged");
+    TORCH_CHECK(saved.defined() && saved.sizes() == mine.sizes() && saved.scalar_type() == mine.scalar_type(),
+                "amp: the checkpoint's '", path, key, "' is ", saved.defined() ? saved.toString() : "undefined",
+                c10::str(saved.defined() ? saved.sizes() : at::IntArrayRef{}), " but this model's is ", mine.toString(),
+                c10::str(mine.sizes()), ": it was written for another model, or is damaged");
+  };
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) check(p.key(), p.value(), false);
+  for (const auto& b : module.named_buffers(/*recurse=*/false)) check(b.key(), b.value(), true);
+  for (const auto& child : module.named_children()) {
+    if (!child.value()->is_serializable()) continue;
+    torch::serialize::InputArchive sub;
+    TORCH_CHECK(archive.try_read(child.key(), sub), "amp: the checkpoint has no '", path, child.key(),
+                "' for this model: it was written for another model, or is damaged");
+    check_module_fits(sub, *child.value(), path + child.key() + "/");
+  }
+}
+
+// The per-parameter state of LibTorch's Adam, AdamW, SGD, Adagrad and RMSprop
+// must have its parameter's shape, dtype and device and a step count >= 0
+// (their load() takes any tensor). Other optimizers check their own (amp's
+// low-bit ones do).
+inline void check_optimizer_state(const torch::optim::Optimizer& optimizer) {
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i = 0; i < groups[g].params().size(); ++i) {
+      const at::Tensor& p = groups[g].params()[i];
+      const auto it = optimizer.state().find(compat::optim_state_key(p.unsafeGetTensorImpl()));
+      if (it == optimizer.state().end()) continue;
+      const torch::optim::OptimizerParamState* s = it->second.get();
+      std::vector<std::pair<const char*, at::Tensor>> tensors;
+      int64_t step = 0;
+      if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+        tensors = {{"exp_avg", a->exp_avg()}, {"exp_avg_sq", a->exp_avg_sq()}, {"max_exp_avg_sq", a->max_exp_avg_sq()}};
+        step = a->step();
+      } else if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+        tensors = {{"exp_avg", w->exp_avg()}, {"exp_avg_sq", w->exp_avg_sq()}, {"max_exp_avg_sq", w->max_exp_avg_sq()}};
+        step = w->step();
+      } else if (const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+        tensors = {{"momentum_buffer", m->momentum_buffer()}};
+      } else if (const auto* ag = dynamic_cast<const torch::optim::AdagradParamState*>(s)) {
+        tensors = {{"sum", ag->sum()}};
+        step = ag->step();
+      } else if (const auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(s)) {
+        tensors = {
+            {"square_avg", r->square_avg()}, {"momentum_buffer", r->momentum_buffer()}, {"grad_avg", r->grad_avg()}};
+        step = r->step();
+      }
+      for (const auto& [name, t] : tensors)
+        TORCH_CHECK(
+            !t.defined() || (t.sizes() == p.sizes() && t.scalar_type() == p.scalar_type() && t.device() == p.device()),
+            "amp: the checkpoint's optimizer state '", name, "' of parameter ", i, " of group ", g, " is ",
+            t.toString(), c10::str(t.sizes()), " but the parameter is ", p.toString(), c10::str(p.sizes()),
+            ": it was written for another model, or is damaged");
+      TORCH_CHECK(step >= 0, "amp: the checkpoint's optimizer step count of parameter ", i, " of group ", g, " is ",
+                  step, ": the checkpoint is damaged");
+    }
 }
 
 inline void load_optimizer(torch::serialize::InputArchive& archive, torch::optim::Optimizer& optimizer) {
@@ -172,6 +281,7 @@ inline void load_optimizer(torch::serialize::InputArchive& archive, torch::optim
   // that had no state when saved would keep the state it has now): start empty.
   optimizer.state().clear();
   optimizer.load(archive);
+  check_optimizer_state(optimizer);
 }
 
 // Loads model, optimizer and scaler from `archive`; returns its counters.
@@ -182,6 +292,7 @@ CheckpointCounters apply_checkpoint(torch::serialize::InputArchive& archive, tor
   torch::serialize::InputArchive model, optim;
   archive.read("model", model);
   archive.read("optimizer", optim);
+  check_module_fits(model, module, "model/");
   module.load(model);
   load_optimizer(optim, optimizer);
   read_lrs(archive, "amp/lr", optimizer);
@@ -202,11 +313,12 @@ CheckpointCounters apply_checkpoint(torch::serialize::InputArchive& archive,
               "amp: the checkpoint holds ", n_models.toInt(), " models and ", n_optimizers.toInt(), " optimizers, but ",
               modules.size(), " models and ", optimizers.size(),
               " optimizers are set up; set up the same ones, in the same order, before load()");
+  std::vector<torch::serialize::InputArchive> models(modules.size());
   for (size_t i = 0; i < modules.size(); ++i) {
-    torch::serialize::InputArchive model;
-    archive.read("model_" + std::to_string(i), model);
-    modules[i]->load(model);
+    archive.read("model_" + std::to_string(i), models[i]);
+    check_module_fits(models[i], *modules[i], "model_" + std::to_string(i) + "/");
   }
+  for (size_t i = 0; i < modules.size(); ++i) modules[i]->load(models[i]);
   for (size_t i = 0; i < optimizers.size(); ++i) {
     torch::serialize::InputArchive optim;
     archive.read("optimizer_" + std::to_string(i), optim);

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "amp/detail/checked_archive.h"
 #include "amp/train/checkpoint.h"
 #include "amp/train/detail/checkpoint_extras.h"
 #include "amp/train/detail/evaluation.h"
@@ -239,8 +240,8 @@ class Trainer {
     state_archive().save_to(out);
   }
   void load_state(std::istream& in) {
-    torch::serialize::InputArchive archive;
-    archive.load_from(in, parameter_device());
+    torch::serialize::InputArchive archive =
+        detail::read_archive(in, parameter_device(), "the state", "an archive written by amp::Trainer::save_state");
     apply_or_roll_back(archive, "the state");
   }
   // Where the model's parameters are.
