@@ -21,15 +21,13 @@ Exit 1 on any difference.
 """
 import datetime
 import math
-import os
 import struct
-import subprocess
 import sys
 import time
 
 import torch
 
-from parity_io import backward_and_step, bits  # noqa: E402
+from parity_io import backward_and_step, bits, launch_workers, read_rank_steps, same_bits, timeout_s  # noqa: E402
 
 STEPS = 30  # as ddp_parity.cc's kSteps
 BATCH = 32  # per rank, as kBatch
@@ -39,9 +37,6 @@ INF_STEPS = (3, 4, 17)  # the last rank's loss times inf, in the "-inf" runs
 def version():
     return tuple(int(v) for v in torch.__version__.split(".")[:2])
 
-
-def timeout_s():
-    return int(os.environ.get("AMP_DP_TIMEOUT_MS", "120000")) / 1000.0
 
 
 # --- the runs, as ddp_parity.cc decides them ------------------------------------
@@ -214,51 +209,13 @@ def worker(out, world, rank, store):
 # --- the driver -------------------------------------------------------------------
 
 def launch(out, world):
-    """N worker processes; all must exit 0 within the deadline (the rest are killed on a failure)."""
-    store = f"{out}/py_store_w{world}"
-    if os.path.exists(store):
-        os.remove(store)
-    # Gloo on the loopback interface (as amp's 127.0.0.1): no hostname lookup, nothing off the machine.
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", out, str(world), str(r), store], env=env)
-             for r in range(world)]
-    deadline = time.monotonic() + 4 * timeout_s() + 300
-    status = 0
-    while any(p.poll() is None for p in procs):
-        failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-        if failed or time.monotonic() > deadline:
-            status = failed[0] if failed else 124
-            break
-        time.sleep(0.2)
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-    status = status or next((p.returncode for p in procs if p.returncode), 0)
-    if status:
-        print(f"FAIL world {world}: a Python DDP process failed or timed out (status {status})")
-    return status
-
-
-def read_steps(path):
-    steps = {}
-    for line in open(path):
-        name, i, loss, scale = line.split()
-        steps.setdefault(name, []).append((name, int(i), int(loss), int(scale)))
-    return steps
-
-
-def same(a, b):
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return a.numel() == 0 or torch.equal(a.reshape(-1).contiguous().view(torch.uint8),
-                                         b.reshape(-1).contiguous().view(torch.uint8))
+    return launch_workers(__file__, out, world, "DDP")
 
 
 def compare(out, world):
     failures = 0
-    py = [read_steps(f"{out}/py_w{world}_r{r}_steps.txt") for r in range(world)]
-    cpp = [read_steps(f"{out}/cpp_w{world}_r{r}_steps.txt") for r in range(world)]
+    py = [read_rank_steps(f"{out}/py_w{world}_r{r}_steps.txt") for r in range(world)]
+    cpp = [read_rank_steps(f"{out}/cpp_w{world}_r{r}_steps.txt") for r in range(world)]
     for s in open(f"{out}/py_w{world}_skipped.txt"):
         print(f"skip w{world} {s.strip()}")
     if any(sorted(c) != sorted(py[0]) for c in cpp):
@@ -274,7 +231,7 @@ def compare(out, world):
                 first_diff = (r, d)
             a = torch.load(f"{out}/py_w{world}_r{r}_{name}.pt")
             b = torch.load(f"{out}/cpp_w{world}_r{r}_{name}.pt", weights_only=False)
-            params_equal &= len(a) == len(b) and all(same(p, q) for p, q in zip(a, b))
+            params_equal &= len(a) == len(b) and all(same_bits(p, q) for p, q in zip(a, b))
         scales = [struct.unpack("<f", struct.pack("<I", row[3]))[0] for row in py[0][name]]
         backoffs = sum(1 for a, b in zip(scales, scales[1:]) if b < a)
         growths = sum(1 for a, b in zip(scales, scales[1:]) if b > a)

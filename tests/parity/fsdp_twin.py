@@ -19,14 +19,12 @@ dist.all_gather_single, which FSDP2 gathers its bf16 parameters with, is
 wrapped to send 16-bit buffers as uint8 views of the same memory.
 """
 import datetime
-import os
-import subprocess
 import sys
 import time
 
 import torch
 
-from parity_io import bits, init  # noqa: E402
+from parity_io import bits, init, launch_workers, read_rank_steps, same_bits, timeout_s  # noqa: E402
 
 STEPS = 16  # fsdp_parity.cc's kSteps
 MAX_NORM = 0.5  # its kMaxNorm
@@ -37,9 +35,6 @@ RUNS = {  # name: (param_dtype, reduce_dtype, clip), as fsdp_parity.cc's
     "bf16-clip": (torch.bfloat16, torch.float32, True),
 }
 
-
-def timeout_s():
-    return int(os.environ.get("AMP_DP_TIMEOUT_MS", "120000")) / 1000.0
 
 
 class Block(torch.nn.Module):
@@ -145,45 +140,7 @@ def worker(out, world, rank, store):
 # --- the driver -------------------------------------------------------------------
 
 def launch(out, world):
-    """N worker processes; all must exit 0 within the deadline (the rest are killed on a failure)."""
-    store = f"{out}/py_store_w{world}"
-    if os.path.exists(store):
-        os.remove(store)
-    env = dict(os.environ, OMP_NUM_THREADS="1", USE_LIBUV="0",
-               GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", out, str(world), str(r), store], env=env)
-             for r in range(world)]
-    deadline = time.monotonic() + 4 * timeout_s() + 300
-    status = 0
-    while any(p.poll() is None for p in procs):
-        failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-        if failed or time.monotonic() > deadline:
-            status = failed[0] if failed else 124
-            break
-        time.sleep(0.2)
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-    status = status or next((p.returncode for p in procs if p.returncode), 0)
-    if status:
-        print(f"FAIL world {world}: a Python fully_shard process failed or timed out (status {status})")
-    return status
-
-
-def read_steps(path):
-    steps = {}
-    for line in open(path):
-        name, i, loss, norm = line.split()
-        steps.setdefault(name, []).append((name, int(i), int(loss), int(norm)))
-    return steps
-
-
-def same(a, b):
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return a.numel() == 0 or torch.equal(a.reshape(-1).contiguous().view(torch.uint8),
-                                         b.reshape(-1).contiguous().view(torch.uint8))
+    return launch_workers(__file__, out, world, "fully_shard", env={"USE_LIBUV": "0"})
 
 
 def as_float(b):
@@ -193,8 +150,8 @@ def as_float(b):
 
 def compare(out, world):
     failures = 0
-    py = [read_steps(f"{out}/py_w{world}_r{r}_steps.txt") for r in range(world)]
-    cpp = [read_steps(f"{out}/cpp_w{world}_r{r}_steps.txt") for r in range(world)]
+    py = [read_rank_steps(f"{out}/py_w{world}_r{r}_steps.txt") for r in range(world)]
+    cpp = [read_rank_steps(f"{out}/cpp_w{world}_r{r}_steps.txt") for r in range(world)]
     if any(sorted(c) != sorted(RUNS) for c in cpp):
         print(f"FAIL world {world}: the C++ half ran {sorted(cpp[0])}, expected {sorted(RUNS)}")
         return 1
@@ -214,11 +171,11 @@ def compare(out, world):
                 failures += 1
                 continue
             for k in range(STEPS * n_params):
-                if not same(a[k], b[k]):
+                if not same_bits(a[k], b[k]):
                     if first_param is None or k // n_params < first_param[1]:
                         first_param = (r, k // n_params, k % n_params)
                     break
-            state_equal &= all(same(p, q) for p, q in zip(a[STEPS * n_params:], b[STEPS * n_params:]))
+            state_equal &= all(same_bits(p, q) for p, q in zip(a[STEPS * n_params:], b[STEPS * n_params:]))
         clip = RUNS[name][2]
         norms = [as_float(row[3]) for row in py[0][name]]
         clipped = sum(1 for n in norms if n > MAX_NORM)
