@@ -275,18 +275,26 @@ void train_steps(const amp::ProcessGroup& pg, torch::nn::Sequential& net, Traine
   }
 }
 
+// k steps, a checkpoint at `path`, k more steps; rank 0 records the
+// parameters after them (`path`.final) and the world size (`path`.world),
+// which ckpt_resume compares with.
+template <class Trainer>
+void train_save_train(const amp::ProcessGroup& pg, torch::nn::Sequential& net, Trainer& trainer,
+                      const std::string& path, int64_t k) {
+  train_steps(pg, net, trainer, k);
+  amp::save_on_rank0(pg, trainer, path);
+  train_steps(pg, net, trainer, k);
+  if (pg.rank() == 0) {
+    torch::save(param_bits(*net), path + ".final");
+    std::ofstream(path + ".world") << pg.world_size();
+  }
+  pg.barrier();
+}
+
 void ckpt_train(const std::string& path, int64_t k, const std::string& mode) {
   auto pg = init();
-  with_trainer(pg, mode, false, [&](torch::nn::Sequential& net, auto& trainer) {
-    train_steps(pg, net, trainer, k);
-    amp::save_on_rank0(pg, trainer, path);
-    train_steps(pg, net, trainer, k);
-    if (pg.rank() == 0) {
-      torch::save(param_bits(*net), path + ".final");
-      std::ofstream(path + ".world") << pg.world_size();
-    }
-    pg.barrier();
-  });
+  with_trainer(pg, mode, false,
+               [&](torch::nn::Sequential& net, auto& trainer) { train_save_train(pg, net, trainer, path, k); });
   std::cout << "PASS " << test_case::name << " " << mode << " world " << pg.world_size() << std::endl;
 }
 
@@ -489,14 +497,7 @@ void die_in_gather(const std::string& how) {
 void die_in_save(const std::string& path, int64_t k, const std::string& how) {
   auto pg = init();
   with_trainer(pg, "sharded", false, [&](torch::nn::Sequential& net, auto& trainer) {
-    train_steps(pg, net, trainer, k);
-    amp::save_on_rank0(pg, trainer, path);
-    train_steps(pg, net, trainer, k);
-    if (pg.rank() == 0) {
-      torch::save(param_bits(*net), path + ".final");
-      std::ofstream(path + ".world") << pg.world_size();
-    }
-    pg.barrier();
+    train_save_train(pg, net, trainer, path, k);
     auto bytes = [&] {
       std::ifstream in(path, std::ios::binary);
       return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
