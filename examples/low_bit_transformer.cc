@@ -28,9 +28,11 @@
 // 8, the low-bit ones' quantized states plus the fp32 states of the tensors
 // too small to quantize), the activation bytes of a step (amp::ActivationMeter:
 // what the forward keeps for backward, counted exactly: activations, the
-// loss, and autocast's bf16 copies of the weights), and the time of a step.
-// The two halves of the training memory: optimizer state and activations.
-// --checkpoint trains a second copy of each model in lockstep, its blocks
+// loss, and autocast's bf16 copies of the weights), and the time of a step
+// with its difference from AdamW's. The two halves of the training memory:
+// optimizer state and activations. The optimizers train in lockstep (each
+// takes its step in turn), so the times compare steps taken under the same
+// machine load. --checkpoint trains a second copy of each model, its blocks
 // checkpointed (amp::checkpoint), and prints its line after the plain one:
 // fewer activation bytes, the same losses bit for bit, a longer step (the
 // blocks' forwards run again in backward). About a minute of CPU time at 400
@@ -47,6 +49,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -133,27 +136,32 @@ struct Result {
   std::vector<double> losses;    // every step's
 };
 
-// One optimizer's training: the plain model, and with `checkpoint` a second
-// copy (the same initial weights and batches) whose blocks are checkpointed,
-// stepped in lockstep so that both step times see the same machine.
-template <class Optimizer>
-std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint) {
+// Every optimizer's training, in lockstep: at each step each run takes its
+// step in turn (starting from the next run each time), so that every step time sees the same machine (a busy or
+// throttled stretch slows all of them alike; run one after another, the
+// ratios moved by several percent between runs). Each optimizer trains a
+// plain model and, with `checkpoint`, a second copy (the same initial weights
+// and batches) whose blocks are checkpointed. Result [2k] is optimizer k's
+// plain run, [2k + 1] its checkpointed one.
+using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint,
+                          const std::vector<MakeOptimizer>& optimizers) {
   using Policy = amp::Mixed<amp::bf16, amp::NoScaler>;
   struct Run {
     Transformer model{nullptr};
-    std::unique_ptr<Optimizer> optimizer;
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<amp::Trainer<Policy, amp::CPU>> trainer;
     Result result;
     double ms = 0;
   };
-  std::vector<Run> runs(checkpoint ? 2 : 1);
+  std::vector<Run> runs(optimizers.size() * 2);
   for (size_t i = 0; i < runs.size(); ++i) {
+    if (i % 2 == 1 && !checkpoint) continue;
     torch::manual_seed(0);  // the same initial weights for every optimizer and both runs
     Run& r = runs[i];
     r.model = Transformer();
-    r.model->checkpointed = i == 1;
-    r.optimizer =
-        std::make_unique<Optimizer>(r.model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+    r.model->checkpointed = i % 2 == 1;
+    r.optimizer = optimizers[i / 2](r.model->parameters());
     r.trainer =
         std::make_unique<amp::Trainer<Policy, amp::CPU>>(r.model, *r.optimizer, amp::TrainerOptions().progress(false));
   }
@@ -161,7 +169,9 @@ std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint)
   for (int64_t step = 0; step < steps; ++step) {
     const auto batch = data.narrow(0, (step * kBatch) % kSequences, kBatch);
     const auto input = batch.narrow(1, 0, kSeq), target = batch.narrow(1, 1, kSeq);
-    for (Run& r : runs) {
+    for (size_t k = 0; k < runs.size(); ++k) {  // each step from another run: no run is always first
+      Run& r = runs[(k + static_cast<size_t>(step)) % runs.size()];
+      if (!r.trainer) continue;
       auto loss = [&](auto& /*region*/) {
         amp::ActivationMeter meter;  // from here, what the forward allocates and keeps
         auto l =
@@ -177,6 +187,10 @@ std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint)
   }
   std::vector<Result> out;
   for (Run& r : runs) {
+    if (!r.trainer) {
+      out.emplace_back();
+      continue;
+    }
     const auto& losses = r.result.losses;
     const auto last = std::min<size_t>(losses.size(), kLastSteps);
     double sum = 0;
@@ -188,6 +202,13 @@ std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint)
     out.push_back(std::move(r.result));
   }
   return out;
+}
+
+template <class Optimizer>
+MakeOptimizer make() {
+  return [](std::vector<torch::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<Optimizer>(std::move(params), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  };
 }
 
 }  // namespace
@@ -225,33 +246,36 @@ int main(int argc, char** argv) {
               checkpoint ? ", each also with its blocks checkpointed" : "");
   std::fflush(stdout);
 
-  const std::vector<Result> adamw = train<torch::optim::AdamW>(data, steps, checkpoint);
+  std::vector<const char*> names{"AdamW", "AdamW8bit", "AdamW4bit"};
+  std::vector<MakeOptimizer> optimizers{make<torch::optim::AdamW>(), make<amp::AdamW8bit>(), make<amp::AdamW4bit>()};
+#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+  names.push_back("AdamWFp8");
+  optimizers.push_back(make<amp::AdamWFp8>());
+#endif
+  const std::vector<Result> results = train(data, steps, checkpoint, optimizers);
+  const Result& adamw = results[0];
   bool ok = true;
-  auto report = [&](const char* name, const std::vector<Result>& runs) {
-    for (size_t i = 0; i < runs.size(); ++i) {
-      const Result& r = runs[i];
+  for (size_t k = 0; k < names.size(); ++k) {
+    for (size_t i = 0; i < (checkpoint ? 2u : 1u); ++i) {
+      const Result& r = results[2 * k + i];
+      const Result& plain = results[2 * k];
       ok = ok && std::isfinite(r.loss);
       std::printf(
           "low_bit_transformer: %s%s final loss %.4f (%+.1f%% vs AdamW), %.2f state bytes/param, %lld "
-          "activation bytes/step, %.2f ms/step",
-          name, i == 1 ? " checkpointed" : "", r.loss, (r.loss / adamw[0].loss - 1) * 100, r.bytes_per_param,
-          static_cast<long long>(r.activation_bytes), r.ms_per_step);
+          "activation bytes/step, %.2f ms/step (%+.1f%% vs AdamW)",
+          names[k], i == 1 ? " checkpointed" : "", r.loss, (r.loss / adamw.loss - 1) * 100, r.bytes_per_param,
+          static_cast<long long>(r.activation_bytes), r.ms_per_step,
+          (r.ms_per_step / results[i].ms_per_step - 1) * 100);
       if (i == 1) {
-        const bool same = r.losses == runs[0].losses;  // checkpointing changes no bit
+        const bool same = r.losses == plain.losses;  // checkpointing changes no bit
         ok = ok && same;
         std::printf(" (%.2fx the activations, %.2fx the time; losses %s)",
-                    static_cast<double>(r.activation_bytes) / static_cast<double>(runs[0].activation_bytes),
-                    r.ms_per_step / runs[0].ms_per_step, same ? "bitwise equal" : "DIFFER");
+                    static_cast<double>(r.activation_bytes) / static_cast<double>(plain.activation_bytes),
+                    r.ms_per_step / plain.ms_per_step, same ? "bitwise equal" : "DIFFER");
       }
       std::printf("\n");
     }
-    std::fflush(stdout);
-  };
-  report("AdamW", adamw);
-  report("AdamW8bit", train<amp::AdamW8bit>(data, steps, checkpoint));
-  report("AdamW4bit", train<amp::AdamW4bit>(data, steps, checkpoint));
-#if AMP_DETAIL_HAS_FLOAT8_DTYPE
-  report("AdamWFp8", train<amp::AdamWFp8>(data, steps, checkpoint));
-#endif
+  }
+  std::fflush(stdout);
   return ok ? 0 : 1;
 }

@@ -174,7 +174,7 @@ optimizer_bytes,formula_bytes,steps_per_s,final_loss" || fail "csv header"
       out.txt || fail "header line"
     num='[0-9]+\.[0-9]+'
     for o in AdamW AdamW8bit AdamW4bit; do
-      line="final loss $num \([+-][0-9.]+% vs AdamW\), [0-9.]+ state bytes/param, [0-9]+ activation bytes/step, $num ms/step"
+      line="final loss $num \([+-][0-9.]+% vs AdamW\), [0-9.]+ state bytes/param, [0-9]+ activation bytes/step, $num ms/step \([+-][0-9.]+% vs AdamW\)"
       grep -qE "^low_bit_transformer: $o $line\$" out.txt || fail "no line for $o"
       grep -qE "^low_bit_transformer: $o checkpointed $line \(${num}x the activations, ${num}x the time; losses bitwise equal\)\$" \
         out.txt || fail "no checkpointed line for $o (or its losses differ)"
