@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,7 @@ struct ResidualMlpImpl : torch::nn::Module {
     }
     head = register_module("head", Linear(LinearOptions(Task::kIn, Task::kClasses).bias(false)));
   }
-  torch::Tensor block(size_t b, const torch::Tensor& x) { return x + down[b](torch::relu(up[b](x))); }
+  torch::Tensor block(size_t b, const torch::Tensor& x) { return x + linear(down[b], torch::relu(linear(up[b], x))); }
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor y = x;
     for (size_t b = 0; b < up.size(); ++b) {
@@ -65,6 +66,10 @@ struct ResidualMlpImpl : torch::nn::Module {
     return head(y);
   }
   bool checkpointed = false;
+  // How a block calls its linears: directly, or through amp::FullyShard's
+  // forward (each linear a unit; sharded_ladder.cc).
+  std::function<torch::Tensor(torch::nn::Linear&, const torch::Tensor&)> linear =
+      [](torch::nn::Linear& l, const torch::Tensor& in) { return l(in); };
   std::vector<torch::nn::Linear> up, down;
   torch::nn::Linear head{nullptr};
 };

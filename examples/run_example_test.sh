@@ -91,43 +91,55 @@ activations_bpp,total_bpp,steps_per_s,final_loss" || fail "ladder csv header"
     [ -s data_parallel.pt ] || fail "no checkpoint"
     ;;
   sharded_ladder)
-    # The ladder per rank (ZeRO-1) at N = 1 and 2: each rank's optimizer bytes
-    # within 1% of s x P / N, the ranks' states adding up to the unsharded one,
-    # every rank holding all parameters and gradients.
+    # The ladder per rank at N = 1 and 2. zero1 (DataParallel + ShardedOptimizer):
+    # each rank's optimizer bytes within 1% of s x P / N, the ranks' states
+    # adding up to the unsharded one, every rank holding all parameters and
+    # gradients. fully (FullyShard): parameters and gradients 4 P / N each,
+    # AdamW's state 8 P / N, exactly (no padding at this width), AdamW8bit's
+    # within 1.5% (the head's 2048-element shard keeps fp32 states at N = 2).
     launch=$3
     case "$launch" in /*) ;; *) launch="$OLDPWD/$launch" ;; esac
     for n in 1 2; do
       "$launch" -n $n -- "$bin" --steps=3 --batch-size=32 --csv=sharded.csv >out$n.txt 2>&1 || { cat out$n.txt; fail "N = $n: exit code"; }
       cat out$n.txt
       grep -q "^\[0\] sharded ladder: N = $n process" out$n.txt || fail "N = $n: header line"
-      for o in AdamW AdamW8bit; do
-        [ "$(grep -cE "^\[0\] [0-9]+ +$o " out$n.txt)" -eq $n ] || fail "N = $n: not $n rank lines for $o"
+      for m in zero1 fully; do
+        for o in AdamW AdamW8bit; do
+          [ "$(grep -cE "^\[0\] [0-9]+ +$m +$o " out$n.txt)" -eq $n ] || fail "N = $n: not $n rank lines for $m $o"
+        done
       done
+      grep -qE "^\[0\] .*the peak of whole parameters on rank 0: 532480 bytes" out$n.txt || fail "N = $n: peak line"
     done
     head -1 sharded.csv | grep -qx "world,rank,optimizer,parameters,shard_parameters,param_bytes,grad_bytes,\
-optimizer_bytes,formula_bytes,steps_per_s,final_loss" || fail "csv header"
+optimizer_bytes,formula_bytes,steps_per_s,final_loss,mode" || fail "csv header"
     awk -F, 'NR == 1 { next }
-      function fail(what) { printf "FAIL (sharded_ladder): N = %d, rank %d, %s: %s\n", $1, $2, $3, what; bad = 1 }
+      function fail(what) { printf "FAIL (sharded_ladder): N = %d, rank %d, %s %s: %s\n", $1, $2, $12, $3, what; bad = 1 }
       {
         P = 2 * 2 * 256 * 1024 + 256 * 16      # the residual MLP at its default width
         s = $3 == "AdamW" ? 8 : 2 + 8 / 256     # unsharded state bytes per parameter
         rows++
         if ($4 != P) fail("parameters " $4)
-        if ($6 != 4 * P || $7 != 4 * P) fail("parameter or gradient bytes not 4 per parameter")
         if ($9 < s * P / $1 * (1 - 1e-9) || $9 > s * P / $1 * (1 + 1e-9)) fail("formula " $9 " != s P / N")
-        if ($8 < 0.99 * $9 || $8 > 1.01 * $9) fail("optimizer bytes " $8 " not within 1% of " $9)
+        if ($12 == "zero1") {
+          if ($6 != 4 * P || $7 != 4 * P) fail("parameter or gradient bytes not 4 per parameter")
+          if ($8 < 0.99 * $9 || $8 > 1.01 * $9) fail("optimizer bytes " $8 " not within 1% of " $9)
+        } else if ($12 == "fully") {
+          if ($5 * $1 != P) fail("shard " $5 " not P / N")
+          if ($6 != 4 * P / $1 || $7 != 4 * P / $1) fail("parameter or gradient bytes " $6 ", " $7 " not 4 P / N")
+          if ($8 < $9 || $8 > 1.015 * $9) fail("optimizer bytes " $8 " not within 1.5% above " $9)
+        } else fail("mode " $12)
         if ($3 == "AdamW" && $8 != 8 * $5) fail("AdamW state " $8 " != 8 x its " $5 " parameters")
-        state[$1, $3] += $8; shard[$1, $3] += $5
+        state[$1, $12, $3] += $8; shard[$1, $12, $3] += $5
       }
       END {
-        if (rows != 6) { print "FAIL (sharded_ladder): " rows " rows, not 6"; bad = 1 }
+        if (rows != 12) { print "FAIL (sharded_ladder): " rows " rows, not 12"; bad = 1 }
         split("AdamW AdamW8bit", os, " ")
         for (i in os) {
-          if (state[1, os[i]] != state[2, os[i]] || shard[2, os[i]] != shard[1, os[i]]) {
-            print "FAIL (sharded_ladder): " os[i] ": the 2 ranks hold " state[2, os[i]] " bytes, one process " state[1, os[i]]
+          if (state[1, "zero1", os[i]] != state[2, "zero1", os[i]] || shard[2, "zero1", os[i]] != shard[1, "zero1", os[i]]) {
+            print "FAIL (sharded_ladder): " os[i] ": the 2 ranks hold " state[2, "zero1", os[i]] " bytes, one process " state[1, "zero1", os[i]]
             bad = 1
           }
-          if (state[1, os[i]] <= 0) { print "FAIL (sharded_ladder): no state"; bad = 1 }
+          if (state[1, "zero1", os[i]] <= 0 || state[1, "fully", os[i]] <= 0) { print "FAIL (sharded_ladder): no state"; bad = 1 }
         }
         exit bad
       }' sharded.csv || fail "per-rank bytes"
