@@ -61,7 +61,7 @@ torch::Tensor loss_of(BsNet& net, const Batch& b) {
 // The recipe's GEMMs called by hand (bf16 operands, as block_scaled.h casts them).
 torch::Tensor by_hand(const torch::Tensor& x, const torch::nn::Linear& fc, int recipe) {
   c10::impl::ExcludeDispatchKeyGuard not_user_code(amp::detail::kStrictCastsKey);  // the recipe's own casts
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // the GEMMs as written
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);   // the GEMMs as written
   const auto xb = x.to(torch::kBFloat16), wb = fc->weight.to(torch::kBFloat16);
   torch::Tensor y;
   if (recipe == 0) {
@@ -163,7 +163,8 @@ TEST(BlockScaledPolicy, FabricIsTheTrainerStochasticRoundingIncluded) { fabric_i
 TEST(BlockScaledPolicy, ThePrecisionMapKeepsALinearOut) {
   BsNet net = make_net();
   const auto x = batch(0).x;
-  const auto opts = amp::RegionOptions().precision_map(amp::PrecisionMap().path("fc1", amp::ModulePrecision::kNotFloat8));
+  const auto opts =
+      amp::RegionOptions().precision_map(amp::PrecisionMap().path("fc1", amp::ModulePrecision::kNotFloat8));
   torch::Tensor mapped, fp4, bf16;
   {
     amp::Region<Nvfp4, amp::CPU> region(opts, *net);

@@ -268,12 +268,13 @@ constexpr bool check_supported() {
                   "rowwise scales); on this LibTorch use amp::Float8<amp::Tensorwise> (LibTorch 2.8+) or "
                   "amp::Mixed<amp::bf16, amp::NoScaler> on amp::CPU");
     return false;
-  } else if constexpr (is_float8_v<P> && !float8_supported_v<Device> && std::is_same_v<Device, CPU>) {
+  } else if constexpr (is_float8_v<P> && !is_block_scaled_recipe_v<float8_recipe_t<P>> && !float8_supported_v<Device> &&
+                       std::is_same_v<Device, CPU>) {
     static_assert(dependent_false_v<P>,
                   "amp: Float8 on CPU needs LibTorch 2.8 or newer (the CPU at::_scaled_mm); on this LibTorch use "
                   "amp::Mixed<amp::bf16, amp::NoScaler> on amp::CPU");
     return false;
-  } else if constexpr (is_float8_v<P> && !float8_supported_v<Device>) {
+  } else if constexpr (is_float8_v<P> && !is_block_scaled_recipe_v<float8_recipe_t<P>> && !float8_supported_v<Device>) {
     static_assert(dependent_false_v<P>,
                   "amp: Float8 needs LibTorch 2.5 or newer (at::_scaled_mm with out_dtype); on this LibTorch use "
                   "amp::Mixed<amp::bf16, amp::NoScaler>");

@@ -63,8 +63,7 @@ inline constexpr int64_t kLinearBlock<MXFP8<Mode>> = kMxBlock;
 
 template <class Recipe>
 inline bool fits_recipe(const at::Tensor& weight) {
-  return weight.dim() == 2 && weight.size(0) % kLinearBlock<Recipe> == 0 &&
-         weight.size(1) % kLinearBlock<Recipe> == 0;
+  return weight.dim() == 2 && weight.size(0) % kLinearBlock<Recipe> == 0 && weight.size(1) % kLinearBlock<Recipe> == 0;
 }
 
 // The generator NVFP4's stochastic rounding draws from on this thread (null: the device's default).
@@ -116,8 +115,8 @@ struct Nvfp4Matmul : torch::autograd::Function<Nvfp4Matmul> {
     const at::Tensor dy = grads[0].contiguous();
     c10::optional<at::Generator> gen;
     if (ctx->saved_data.count("gen")) gen = ctx->saved_data["gen"].toGenerator();
-    const at::Tensor dx = nvfp4_mm_emulated(to_nvfp4(dy, false, gen), to_nvfp4(w.t().contiguous(), true),
-                                            dy.scalar_type());
+    const at::Tensor dx =
+        nvfp4_mm_emulated(to_nvfp4(dy, false, gen), to_nvfp4(w.t().contiguous(), true), dy.scalar_type());
     const at::Tensor dw = nvfp4_mm_emulated(to_nvfp4(rht16(dy.t().contiguous()), false, gen),
                                             to_nvfp4(rht16(x.t().contiguous())), w.scalar_type());
     return {dx, dw, at::Tensor()};
@@ -147,9 +146,9 @@ at::Tensor block_scaled_linear(const at::Tensor& input, const at::Tensor& weight
   const at::Tensor w = weight.to(at::kBFloat16);
   at::Tensor y;
   if constexpr (kLinearBlock<Recipe> == kMxBlock) {
-    y = Mxfp8Matmul::apply(x, w, static_cast<int64_t>(Recipe::scale_mode == MxScaleMode::kFloor ? MxScale::kFloor
-                                                                                                 : MxScale::kRceil),
-                           false);
+    y = Mxfp8Matmul::apply(
+        x, w, static_cast<int64_t>(Recipe::scale_mode == MxScaleMode::kFloor ? MxScale::kFloor : MxScale::kRceil),
+        false);
   } else {
     y = Nvfp4Matmul::apply(x, w, Recipe::stochastic_rounding);
   }
