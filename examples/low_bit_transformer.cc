@@ -258,8 +258,8 @@ int main(int argc, char** argv) {
   const std::vector<Result> adamw = train<torch::optim::AdamW>(data, steps, checkpoint);
   bool ok = true;
   if (!precisions.empty()) {
-    std::printf("low_bit_transformer: AdamW bf16-mixed final loss %.4f, %.2f ms/step\n", adamw[0].loss,
-                adamw[0].ms_per_step);
+    std::printf("low_bit_transformer: AdamW bf16-mixed final loss %.4f, %lld activation bytes/step, %.2f ms/step\n",
+                adamw[0].loss, static_cast<long long>(adamw[0].activation_bytes), adamw[0].ms_per_step);
     for (const std::string& name : precisions) {
       std::vector<Result> r;
       if (!train_precision(name, data, steps, r)) {
