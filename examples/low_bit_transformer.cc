@@ -5,6 +5,7 @@
 // does each keep?
 //
 //   bazel run //examples:low_bit_transformer [-- --steps=N] [-- --checkpoint]   # N: 400 by default
+//   bazel run //examples:low_bit_transformer -- --precision=mxfp8-rceil --precision=nvfp4   # vs bf16-mixed
 //
 // The model: a token embedding (vocabulary 64, width 128), learned positions
 // (32), two pre-norm blocks (LayerNorm, 4-head causal self-attention,
@@ -40,6 +41,11 @@
 // 2 spinning threads. The test runs 30 steps with --checkpoint. The exit
 // status is 1 when a loss is not finite (or the checkpointed run's losses
 // differ from the plain one's), 2 for a bad argument.
+// --precision=NAME (repeatable; mxfp8-rceil, mxfp8-floor, nvfp4, nvfp4-sr)
+// instead trains AdamW under amp::Trainer<Float8<MXFP8<...>>> or
+// <Float8<NVFP4<...>>> (every linear in the block-scaled recipe, emulated)
+// and compares each final loss with bf16-mixed's (docs/float8.md has the
+// numbers); it needs LibTorch 2.1+.
 #include <amp/amp.h>
 #include <torch/torch.h>
 
@@ -144,9 +150,9 @@ struct Result {
 // and batches) whose blocks are checkpointed. Result [2k] is optimizer k's
 // plain run, [2k + 1] its checkpointed one.
 using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+template <class Policy = amp::Mixed<amp::bf16, amp::NoScaler>>
 std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint,
                           const std::vector<MakeOptimizer>& optimizers) {
-  using Policy = amp::Mixed<amp::bf16, amp::NoScaler>;
   struct Run {
     Transformer model{nullptr};
     std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -213,13 +219,38 @@ MakeOptimizer make() {
 
 }  // namespace
 
+// AdamW under the block-scaled policy `name`; false for a name that is none.
+bool train_precision(const std::string& name, const torch::Tensor& data, int steps, std::vector<Result>& out) {
+#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+  const std::vector<MakeOptimizer> adamw{make<torch::optim::AdamW>()};
+  if (name == "mxfp8-rceil") {
+    out = train<amp::Float8<amp::MXFP8<>>>(data, steps, false, adamw);
+  } else if (name == "mxfp8-floor") {
+    out = train<amp::Float8<amp::MXFP8<amp::MxScaleMode::kFloor>>>(data, steps, false, adamw);
+  } else if (name == "nvfp4") {
+    out = train<amp::Float8<amp::NVFP4<>>>(data, steps, false, adamw);
+  } else if (name == "nvfp4-sr") {
+    out = train<amp::Float8<amp::NVFP4<true>>>(data, steps, false, adamw);
+  } else {
+    return false;
+  }
+  return true;
+#else
+  (void)name, (void)data, (void)steps, (void)out;
+  return false;
+#endif
+}
+
 int main(int argc, char** argv) {
   int steps = 400;
   bool checkpoint = false;
+  std::vector<std::string> precisions;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--checkpoint") {
       checkpoint = true;
+    } else if (arg.rfind("--precision=", 0) == 0) {
+      precisions.push_back(arg.substr(12));
     } else if (arg.rfind("--steps=", 0) == 0) {
       char* end = nullptr;
       const long value = std::strtol(arg.c_str() + 8, &end, 10);
@@ -232,7 +263,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "amp: low_bit_transformer: unknown argument \"%s\" (usage: low_bit_transformer [--steps=N] "
-                   "[--checkpoint])\n",
+                   "[--checkpoint] [--precision=NAME])\n",
                    arg.c_str());
       return 2;
     }
@@ -246,6 +277,30 @@ int main(int argc, char** argv) {
               checkpoint ? ", each also with its blocks checkpointed" : "");
   std::fflush(stdout);
 
+  if (!precisions.empty()) {
+    const std::vector<Result> adamw = train(data, steps, false, {make<torch::optim::AdamW>()});
+    bool ok = true;
+    std::printf("low_bit_transformer: AdamW bf16-mixed final loss %.4f, %lld activation bytes/step, %.2f ms/step\n",
+                adamw[0].loss, static_cast<long long>(adamw[0].activation_bytes), adamw[0].ms_per_step);
+    for (const std::string& name : precisions) {
+      std::vector<Result> r;
+      if (!train_precision(name, data, steps, r)) {
+        std::fprintf(stderr,
+                     "amp: low_bit_transformer's --precision is mxfp8-rceil, mxfp8-floor, nvfp4 or nvfp4-sr (on "
+                     "LibTorch 2.1+), not \"%s\"\n",
+                     name.c_str());
+        return 2;
+      }
+      ok = ok && std::isfinite(r[0].loss);
+      std::printf(
+          "low_bit_transformer: AdamW %s final loss %.4f (%+.2f%% vs bf16-mixed), %lld activation "
+          "bytes/step, %.2f ms/step\n",
+          name.c_str(), r[0].loss, (r[0].loss / adamw[0].loss - 1) * 100, static_cast<long long>(r[0].activation_bytes),
+          r[0].ms_per_step);
+      std::fflush(stdout);
+    }
+    return ok ? 0 : 1;
+  }
   std::vector<const char*> names{"AdamW", "AdamW8bit", "AdamW4bit"};
   std::vector<MakeOptimizer> optimizers{make<torch::optim::AdamW>(), make<amp::AdamW8bit>(), make<amp::AdamW4bit>()};
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE

@@ -32,6 +32,7 @@
 #include "amp/precision/strict_casts.h"
 #include "amp/precision/tf32.h"
 // float8: the recipes, the float8 linear, the Float8 policy
+#include "amp/float8/block_scaled.h"
 #include "amp/float8/delayed.h"
 #include "amp/float8/linear.h"
 #include "amp/float8/mxfp8.h"

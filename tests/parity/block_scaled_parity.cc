@@ -21,10 +21,16 @@
 //                  MXFP8Linear), SGD with momentum: RCEIL, FLOOR, RCEIL with
 //                  a high-precision wgrad; the losses (bits) and the final
 //                  parameters
+//   OUT/cpp_blocks.pt per policy (Float8<MXFP8<>>, Float8<MXFP8<kFloor>>,
+//                  Float8<NVFP4<>>), a 2-block transformer trained 50 steps
+//                  by amp::Trainer (bf16 autocast, every linear but the head
+//                  block-scaled), SGD with momentum: the losses (bits) and
+//                  the final parameters
 // Needs the float8 dtypes (LibTorch 2.1+): before, it writes nothing and says so.
 #include <torch/torch.h>
 
 #include "parity_io.h"
+#include <amp/amp.h>
 #include <amp/float8/mxfp8.h>
 #include <amp/float8/mxfp8_linear.h>
 #include <amp/float8/nvfp4.h>
@@ -156,6 +162,65 @@ std::vector<at::Tensor> train(f8::MxScale mode, bool wgrad_hp) {
   return out;
 }
 
+// A pre-norm transformer block (4 heads of 16) and two of them with a head:
+// every linear's dimensions multiples of 32 but the head's (10 classes).
+struct BlockImpl : torch::nn::Module {
+  BlockImpl()
+      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({64})))),
+        qkv(register_module("qkv", torch::nn::Linear(64, 192))),
+        proj(register_module("proj", torch::nn::Linear(64, 64))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({64})))),
+        fc1(register_module("fc1", torch::nn::Linear(64, 256))),
+        fc2(register_module("fc2", torch::nn::Linear(256, 64))) {}
+  torch::Tensor forward(const torch::Tensor& x) {  // [B, T, 64]
+    const int64_t b = x.size(0), t = x.size(1);
+    const auto parts = qkv(ln1(x)).reshape({b, t, 3, 4, 16}).permute({2, 0, 3, 1, 4});
+    const auto q = parts[0], k = parts[1], v = parts[2];
+    const auto att = torch::softmax(torch::matmul(q, k.transpose(-2, -1)) / 4.0, -1);
+    const auto o = torch::matmul(att, v).permute({0, 2, 1, 3}).reshape({b, t, 64});
+    auto h = x + proj(o);
+    return h + fc2(torch::gelu(fc1(ln2(h))));
+  }
+  torch::nn::LayerNorm ln1;
+  torch::nn::Linear qkv, proj;
+  torch::nn::LayerNorm ln2;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Block);
+
+struct TwoBlocksImpl : torch::nn::Module {
+  TwoBlocksImpl()
+      : b0(register_module("b0", Block())),
+        b1(register_module("b1", Block())),
+        head(register_module("head", torch::nn::Linear(64, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return head(b1(b0(x)).mean(1)); }
+  Block b0, b1;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(TwoBlocks);
+
+constexpr int kBlockSteps = 50;
+
+template <class Policy>
+std::vector<at::Tensor> train_blocks() {
+  TwoBlocks model;
+  amp_parity::init(*model);  // LayerNorm weights 1 + 0.05 randn, the rest 0.05 randn, after manual_seed(0)
+  torch::manual_seed(1);
+  const auto x = torch::randn({kBlockSteps, 4, 8, 64});
+  const auto y = torch::randint(0, 10, {kBlockSteps, 4}, torch::kLong);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  amp::Trainer<Policy, amp::CPU> trainer(model, opt,
+                                         amp::TrainerOptions().progress(false).step(amp::StepOptions().fused(false)));
+  std::vector<float> losses;
+  for (int i = 0; i < kBlockSteps; ++i)
+    losses.push_back(static_cast<float>(
+        trainer.step([&](auto&) { return torch::nn::functional::cross_entropy(model->forward(x[i]), y[i]); })
+            .loss_value()));
+  std::vector<at::Tensor> out{torch::tensor(losses).view(torch::kInt)};
+  for (const auto& p : model->parameters()) out.push_back(p.detach().view(torch::kInt));
+  return out;
+}
+
 void run(const std::string& out) {
   const at::Tensor edges = mx_edges(), random = mx_random();
   std::vector<at::Tensor> inputs{edges, random};
@@ -211,9 +276,16 @@ void run(const std::string& out) {
     trained.insert(trained.end(), r.begin(), r.end());
   }
   save(out + "/cpp_train.pt", trained);
+  std::vector<at::Tensor> blocks;
+  for (const auto& r :
+       {train_blocks<amp::Float8<amp::MXFP8<>>>(), train_blocks<amp::Float8<amp::MXFP8<amp::MxScaleMode::kFloor>>>(),
+        train_blocks<amp::Float8<amp::NVFP4<>>>()})
+    blocks.insert(blocks.end(), r.begin(), r.end());
+  save(out + "/cpp_blocks.pt", blocks);
   std::cout << "block_scaled_parity: " << edges.size(0) * 2 << " edge blocks, " << random.numel() / 32
             << " random blocks x 16 MXFP8 variants; " << nv.size()
-            << " NVFP4 cases x 4; Hadamard x 2; 3 MXFP8 training runs written\n";
+            << " NVFP4 cases x 4; Hadamard x 2; 3 MXFP8 training runs; 3 two-block transformer runs of " << kBlockSteps
+            << " steps written\n";
 }
 #endif
 

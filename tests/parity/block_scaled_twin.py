@@ -22,7 +22,9 @@ import sys
 
 import torch
 
-from parity_io import make_mlp
+import torch.nn.functional as F
+
+from parity_io import init, make_mlp
 
 # --- torchao: constants.py ---------------------------------------------------
 F8E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448.0
@@ -357,6 +359,7 @@ class mx_mm(torch.autograd.Function):
         grad_output_mx_dim0 = mx_to(grad_output_hp_r, mode)
         weight_mx_dim1 = mx_to(weight_hp.t().contiguous(), mode)
         grad_input = mx_mm_emulated(grad_output_mx_dim0, weight_mx_dim1)
+        grad_input = grad_input.reshape(*grad_output_hp.shape[:-1], grad_input.shape[-1])
         if ctx.wgrad_with_hp:
             grad_weight = torch.mm(grad_output_hp_r.t(), input_hp_r)
         else:
@@ -387,6 +390,119 @@ def train(mode, wgrad_with_hp, steps=30):
         h = torch.relu(mxfp8_linear(x[i], fc[0], mode, wgrad_with_hp))
         h = torch.relu(mxfp8_linear(h, fc[1], mode, wgrad_with_hp))
         loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, fc[2].weight, fc[2].bias), y[i])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return [torch.tensor(losses).view(torch.int32)] + [p.detach().view(torch.int32) for p in model.parameters()]
+
+
+# --- a 2-block transformer trained under MXFP8 and NVFP4 ----------------------
+def mxlinear_autocast(x, linear, mode):
+    """mx_linear.py: MXLinear.forward under autocast: x and the weight cast to
+    the autocast dtype (bf16), then mx_mm (EMULATED, wgrad in MXFP8). Where amp
+    departs from MXLinear, so does this function, and says so: the bias is added
+    in the output's dtype (torchao's Float8Linear's `output + bias.to(output.dtype)`;
+    MXLinear's `y + self.bias` would promote the output to fp32)."""
+    y = mx_mm.apply(x.to(torch.bfloat16), linear.weight.to(torch.bfloat16), mode, False)
+    return y + linear.bias.to(y.dtype)
+
+
+def nvfp4_emulated_mm(a, b):
+    """a [M, K] . b [N, K]^T, each (qdata, scale, amax) dequantized with torchao's
+    NVFP4Tensor.dequantize to fp32 and multiplied in fp32, below autocast (as a
+    tensor subclass's __torch_dispatch__ runs it)."""
+    with torch.autocast("cpu", enabled=False):
+        a_hp = nvfp4_dequantize(a[0], a[1], per_tensor_amax_to_scale(a[2]))
+        b_hp = nvfp4_dequantize(b[0], b[1], per_tensor_amax_to_scale(b[2]))
+        return torch.mm(a_hp, b_hp.t())
+
+
+class nvfp4_mm(torch.autograd.Function):
+    """Transformer Engine's NVFP4BlockScaling recipe (recipe.py defaults without
+    stochastic rounding: fp4_quant_fwd_inp 1x16, fp4_quant_fwd_weight 16x16 (2D),
+    fp4_quant_bwd_grad 1x16 with the RHT on wgrad's operands), each operand
+    quantized by NVFP4QuantizerRef as transcribed above: forward x (rowwise) .
+    w (16x16); dgrad dy (rowwise) . w^T (16x16, TE's columnwise 2D copy);
+    wgrad RHT(dy^T) . RHT(x^T) (TE's columnwise usage with with_rht)."""
+
+    @staticmethod
+    def forward(ctx, input_hp, weight_hp):
+        ctx.save_for_backward(input_hp, weight_hp)
+        shape = input_hp.shape
+        x = input_hp.reshape(-1, shape[-1])
+        y = nvfp4_emulated_mm(nvfp4_quantize_rowwise(x, (1, 16)), nvfp4_quantize_rowwise(weight_hp, (16, 16)))
+        return y.to(input_hp.dtype).reshape(*shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input_hp, weight_hp = ctx.saved_tensors
+        dy = grad_output.contiguous().reshape(-1, grad_output.shape[-1])
+        x = input_hp.reshape(-1, input_hp.shape[-1])
+        dx = nvfp4_emulated_mm(nvfp4_quantize_rowwise(dy, (1, 16)),
+                               nvfp4_quantize_rowwise(weight_hp.t().contiguous(), (16, 16)))
+        dw = nvfp4_emulated_mm(nvfp4_quantize_columnwise_rht(dy), nvfp4_quantize_columnwise_rht(x))
+        return dx.to(dy.dtype).reshape(*input_hp.shape[:-1], dx.shape[-1]), dw.to(weight_hp.dtype)
+
+
+def nvfp4_linear_autocast(x, linear):
+    """TE's Linear under autocast: input and weight in the autocast dtype (bf16),
+    the bias added after the GEMM in that dtype."""
+    y = nvfp4_mm.apply(x.to(torch.bfloat16), linear.weight.to(torch.bfloat16))
+    return y + linear.bias.to(y.dtype)
+
+
+class TwoBlocks(torch.nn.Module):
+    """block_scaled_parity.cc's TwoBlocks, op for op; `lin(module, x)` runs the fitting linears."""
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1 = torch.nn.LayerNorm(64)
+            self.qkv = torch.nn.Linear(64, 192)
+            self.proj = torch.nn.Linear(64, 64)
+            self.ln2 = torch.nn.LayerNorm(64)
+            self.fc1 = torch.nn.Linear(64, 256)
+            self.fc2 = torch.nn.Linear(256, 64)
+
+        def forward(self, x, lin):
+            b, t = x.shape[0], x.shape[1]
+            parts = lin(self.qkv, self.ln1(x)).reshape(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+            q, k, v = parts[0], parts[1], parts[2]
+            att = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) / 4.0, -1)
+            o = torch.matmul(att, v).permute(0, 2, 1, 3).reshape(b, t, 64)
+            h = x + lin(self.proj, o)
+            return h + lin(self.fc2, F.gelu(lin(self.fc1, self.ln2(h))))
+
+    def __init__(self):
+        super().__init__()
+        self.b0 = TwoBlocks.Block()
+        self.b1 = TwoBlocks.Block()
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x, lin):
+        return self.head(self.b1(self.b0(x, lin), lin).mean(1))  # the head (10 outputs) fits neither: bf16
+
+
+BLOCK_STEPS = 50
+
+
+def train_blocks(recipe):
+    """recipe: "rceil", "floor" (MXFP8) or "nvfp4"; SGD with momentum under bf16 autocast."""
+    model = TwoBlocks()
+    init(model)
+    torch.manual_seed(1)
+    x = torch.randn(BLOCK_STEPS, 4, 8, 64)
+    y = torch.randint(0, 10, (BLOCK_STEPS, 4))
+    if recipe == "nvfp4":
+        lin = lambda m, t: nvfp4_linear_autocast(t, m)
+    else:
+        lin = lambda m, t: mxlinear_autocast(t, m, recipe)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, foreach=False)
+    losses = []
+    for i in range(BLOCK_STEPS):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x[i], lin), y[i])
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -461,7 +577,19 @@ def main():
         for p, t in enumerate(ours[1:]):
             check(f"{name} parameter {p}", cpp_train[k + 1 + p], t)
         k += len(ours)
-    if i != len(cpp_mx) or j != len(cpp_nv) or k != len(cpp_train):
+    cpp_blocks = torch.load(f"{out}/cpp_blocks.pt", weights_only=False)
+    b = 0
+    for recipe in ("rceil", "floor", "nvfp4"):
+        ours = train_blocks(recipe)
+        name = f"2-block transformer {recipe}"
+        check(name + " losses", cpp_blocks[b], ours[0])
+        first = next((s for s in range(ours[0].numel()) if cpp_blocks[b][s] != ours[0][s]), None)
+        if first is not None:
+            failures.append(f"{name}: the losses part at step {first}")
+        for p, t in enumerate(ours[1:]):
+            check(f"{name} parameter {p}", cpp_blocks[b + 1 + p], t)
+        b += len(ours)
+    if i != len(cpp_mx) or j != len(cpp_nv) or k != len(cpp_train) or b != len(cpp_blocks):
         failures.append(f"the C++ half wrote {len(cpp_mx)} MX and {len(cpp_nv)} NVFP4 tensors, the twin read {i} and {j}")
     for f in failures:
         print("FAIL", f)

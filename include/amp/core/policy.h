@@ -10,12 +10,13 @@
 // no autocast; True<tf32> is fp32 storage with TF32 matmul/conv math on CUDA.
 // Float8<Recipe>: a region's linear layers in float8 (amp/float8/policy.h),
 // everything else as Mixed<bf16, NoScaler>; Recipe is Tensorwise, Delayed<...>,
-// Rowwise or RowwiseWithGwHp.
+// Rowwise, RowwiseWithGwHp, or a block-scaled recipe: MXFP8<...> or NVFP4<...>.
 // Which combinations are valid is decided in rules.h.
 #pragma once
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "amp/core/dtype.h"
@@ -53,6 +54,30 @@ struct Rowwise {};
 // RowwiseWithGwHp: torchao's ROWWISE_WITH_GW_HP, Rowwise whose weight
 // gradient is a bf16 matmul (and dX's weight cast tensorwise).
 struct RowwiseWithGwHp {};
+
+// Block-scaled recipes: a scale per block of elements, from the block's own
+// amax at the cast (amp/float8/block_scaled.h runs them, emulated:
+// dequantize, then mm).
+// MxScaleMode: how an MXFP8 block's power-of-2 scale comes from its amax
+// (torchao's ScaleCalculationMode): kRceil rounds amax / max_elem up to a
+// power of 2 (MXFP8Linear's default; cuBLAS's and Transformer Engine's),
+// kFloor takes floor(log2 amax) - emax_elem (the OCP spec's, to_mx's default).
+enum class MxScaleMode : std::uint8_t { kRceil, kFloor };
+// MXFP8<Mode>: torchao's MXFP8Linear (e4m3 elements, blocks of 32 along each
+// GEMM's reduction dimension, E8M0 scales) for forward, dgrad and wgrad.
+template <MxScaleMode Mode = MxScaleMode::kRceil>
+struct MXFP8 {
+  static constexpr MxScaleMode scale_mode = Mode;
+};
+// NVFP4<StochasticRounding>: Transformer Engine's NVFP4BlockScaling (E2M1
+// elements in blocks of 16 with E4M3 scales and an fp32 tensor scale; weights
+// in 16x16 tiles; wgrad's operands through the random Hadamard transform);
+// with StochasticRounding, the gradients' casts round stochastically (TE's
+// default; off here so that runs are bitwise with the reference).
+template <bool StochasticRounding = false>
+struct NVFP4 {
+  static constexpr bool stochastic_rounding = StochasticRounding;
+};
 
 // The linears of a region in float8 (e4m3 forward, e5m2 output gradients),
 // the rest in bf16 autocast, fp32 parameters. Scaler is there so that the
@@ -96,10 +121,22 @@ inline constexpr bool is_float8_v<Float8<R, S>> = true;
 template <class R>
 inline constexpr bool is_rowwise_recipe_v = std::is_same_v<R, Rowwise> || std::is_same_v<R, RowwiseWithGwHp>;
 
-// A float8 recipe: Tensorwise, Rowwise, RowwiseWithGwHp, or Delayed<H, M>
-// with H >= 1 and 0 <= M < 64.
+// The block-scaled recipes, MXFP8<Mode> (a valid Mode or not) and NVFP4<SR>.
+template <class R>
+inline constexpr bool is_block_scaled_recipe_v = false;
+template <MxScaleMode Mode>
+inline constexpr bool is_block_scaled_recipe_v<MXFP8<Mode>> = true;
+template <bool SR>
+inline constexpr bool is_block_scaled_recipe_v<NVFP4<SR>> = true;
+
+// A float8 recipe: Tensorwise, Rowwise, RowwiseWithGwHp, Delayed<H, M>
+// with H >= 1 and 0 <= M < 64, MXFP8<kRceil or kFloor>, or NVFP4<SR>.
 template <class R>
 inline constexpr bool is_float8_recipe_v = std::is_same_v<R, Tensorwise> || is_rowwise_recipe_v<R>;
+template <MxScaleMode Mode>
+inline constexpr bool is_float8_recipe_v<MXFP8<Mode>> = Mode == MxScaleMode::kRceil || Mode == MxScaleMode::kFloor;
+template <bool SR>
+inline constexpr bool is_float8_recipe_v<NVFP4<SR>> = true;
 template <int H, int M>
 inline constexpr bool is_float8_recipe_v<Delayed<H, M>> = H >= 1 && M >= 0 && M < 64;
 
@@ -197,6 +234,14 @@ struct policy_name<Float8<Rowwise, S>> {
 template <class S>
 struct policy_name<Float8<RowwiseWithGwHp, S>> {
   static constexpr const char* value = "fp8-rowwise-gw-hp";
+};
+template <MxScaleMode Mode, class S>
+struct policy_name<Float8<MXFP8<Mode>, S>> {
+  static constexpr const char* value = Mode == MxScaleMode::kFloor ? "mxfp8-floor" : "mxfp8-rceil";
+};
+template <bool SR, class S>
+struct policy_name<Float8<NVFP4<SR>, S>> {
+  static constexpr const char* value = SR ? "nvfp4-sr" : "nvfp4";
 };
 }  // namespace detail
 

@@ -32,6 +32,8 @@ namespace amp {
 //    which the Trainer checks at run time.
 //  * Float8: at::_scaled_mm, CUDA from 2.5 (compute capability 8.9+, checked
 //    at run time), CPU from 2.8 (emulated: for correctness, not speed).
+//  * Float8's block-scaled recipes (MXFP8, NVFP4) run emulated (dequantize,
+//    then mm) wherever LibTorch has the float8 dtypes: 2.1+, CPU and CUDA.
 // ---------------------------------------------------------------------------
 
 namespace detail {
@@ -85,6 +87,9 @@ template <>
 inline constexpr bool float8_rowwise_supported_v<CPU> = compat::kCpuHasRowwiseScaledMm;
 template <>
 inline constexpr bool float8_rowwise_supported_v<CUDA> = compat::kHasFloat8Matmul;
+// And the block-scaled recipes (emulated): the float8 dtypes, on either device.
+template <class Device>
+inline constexpr bool float8_block_scaled_supported_v = is_device_v<Device>&& compat::kHasFloat8Dtype;
 
 // ---------------------------------------------------------------------------
 // Validity: one trait per rule, then their conjunction.
@@ -116,6 +121,16 @@ inline constexpr bool true_has_dtype_v = !is_true_v<P> || is_dtype_v<true_dtype_
 // Delayed<H >= 1, 0 <= M < 64>).
 template <class P>
 inline constexpr bool float8_has_recipe_v = !is_float8_v<P> || is_float8_recipe_v<float8_recipe_t<P>>;
+// Rule: a block-scaled recipe (MXFP8, NVFP4) takes no Scaler either: each
+// block carries its own scale (its own rule, for its own message).
+template <class P>
+inline constexpr bool block_scaled_is_unscaled_v =
+    !is_float8_v<P> || !is_block_scaled_recipe_v<float8_recipe_t<P>> || std::is_same_v<float8_scaler_t<P>, NoScaler>;
+// Rule: MXFP8 and NVFP4 are Float8 recipes, not the compute dtype of Mixed
+// nor the dtype of True.
+template <class P>
+inline constexpr bool block_scaled_in_float8_v =
+    !is_block_scaled_recipe_v<mixed_compute_t<P>> && !is_block_scaled_recipe_v<true_dtype_t<P>>;
 // Rule: Float8 takes no Scaler: what is not float8 computes in bf16.
 template <class P>
 inline constexpr bool float8_is_unscaled_v = !is_float8_v<P> || std::is_same_v<float8_scaler_t<P>, NoScaler>;
@@ -126,7 +141,8 @@ template <class P>
 inline constexpr bool is_valid_policy_v =
     detail::is_policy_v<P>&& detail::mixed_has_half_compute_v<P>&& detail::mixed_has_scaler_v<P>&&
         detail::fp16_is_scaled_v<P>&& detail::bf16_is_unscaled_v<P>&& detail::true_has_dtype_v<P>&&
-            detail::mixed_scaler_named_v<P>&& detail::float8_has_recipe_v<P>&& detail::float8_is_unscaled_v<P>;
+            detail::mixed_scaler_named_v<P>&& detail::float8_has_recipe_v<P>&& detail::float8_is_unscaled_v<P>&&
+                detail::block_scaled_is_unscaled_v<P>&& detail::block_scaled_in_float8_v<P>;
 
 namespace detail {
 template <class P, class Device, bool Valid = is_valid_policy_v<P>&& is_device_v<Device>>
@@ -137,8 +153,10 @@ template <class D, class Device>
 struct supported_impl<True<D>, Device, true> : std::bool_constant<true_precision_supported_v<D, Device>> {};
 template <class R, class S, class Device>
 struct supported_impl<Float8<R, S>, Device, true>
-    : std::bool_constant<float8_supported_v<Device> &&
-                         (!is_rowwise_recipe_v<R> || float8_rowwise_supported_v<Device>)> {};
+    : std::bool_constant<is_block_scaled_recipe_v<R>
+                             ? float8_block_scaled_supported_v<Device>
+                             : float8_supported_v<Device> &&
+                                   (!is_rowwise_recipe_v<R> || float8_rowwise_supported_v<Device>)> {};
 }  // namespace detail
 
 // A valid policy that this LibTorch can run on Device.
@@ -163,12 +181,24 @@ constexpr bool check_policy() {
         "but got another type; use e.g. amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> or "
         "amp::Trainer<amp::True<amp::fp32>, amp::CUDA>");
     return false;
+  } else if constexpr (!block_scaled_in_float8_v<P>) {
+    static_assert(block_scaled_in_float8_v<P>,
+                  "amp: MXFP8 and NVFP4 are Float8 recipes (they scale the linears' GEMM operands per block), not "
+                  "dtypes of Mixed or True; use amp::Float8<amp::MXFP8<>> or amp::Float8<amp::NVFP4<>>");
+    return false;
   } else if constexpr (!float8_has_recipe_v<P>) {
     static_assert(float8_has_recipe_v<P>,
                   "amp: Float8<Recipe> needs a float8 recipe; use amp::Float8<amp::Tensorwise> (current scaling), "
-                  "amp::Float8<amp::Rowwise> or amp::Float8<amp::RowwiseWithGwHp> (torchao's rowwise recipes), or "
+                  "amp::Float8<amp::Rowwise> or amp::Float8<amp::RowwiseWithGwHp> (torchao's rowwise recipes), "
                   "amp::Float8<amp::Delayed<History, Margin>> with History >= 1 and 0 <= Margin < 64 (e.g. "
-                  "amp::Delayed<>, Transformer Engine's 1024 and 0)");
+                  "amp::Delayed<>, Transformer Engine's 1024 and 0), or a block-scaled recipe: "
+                  "amp::Float8<amp::MXFP8<amp::MxScaleMode::kRceil>> (or kFloor), amp::Float8<amp::NVFP4<>>");
+    return false;
+  } else if constexpr (!block_scaled_is_unscaled_v<P>) {
+    static_assert(block_scaled_is_unscaled_v<P>,
+                  "amp: Float8<MXFP8<...> or NVFP4<...>, Scaler> takes no loss scaler: every block of a GEMM operand "
+                  "gets its own scale from its own amax, gradients included, and the rest computes in bf16; use "
+                  "amp::Float8<amp::MXFP8<>> or amp::Float8<amp::NVFP4<>>");
     return false;
   } else if constexpr (!float8_is_unscaled_v<P>) {
     static_assert(float8_is_unscaled_v<P>,
@@ -224,6 +254,13 @@ constexpr bool check_supported() {
     static_assert(dependent_false_v<P>,
                   "amp: True<tf32> is a tensor-core math mode that CPUs do not have; on CPU use amp::True<amp::fp32>");
     return false;
+  } else if constexpr (is_float8_v<P> && is_block_scaled_recipe_v<float8_recipe_t<P>> &&
+                       !float8_block_scaled_supported_v<Device>) {
+    static_assert(dependent_false_v<P>,
+                  "amp: Float8's block-scaled recipes (MXFP8, NVFP4) need LibTorch 2.1 or newer (the float8 dtypes "
+                  "their elements and scales are cast through); on this LibTorch use "
+                  "amp::Mixed<amp::bf16, amp::NoScaler>");
+    return false;
   } else if constexpr (is_float8_v<P> && is_rowwise_recipe_v<float8_recipe_t<P>> && std::is_same_v<Device, CPU> &&
                        !float8_rowwise_supported_v<CPU>) {
     static_assert(dependent_false_v<P>,
@@ -231,12 +268,13 @@ constexpr bool check_supported() {
                   "rowwise scales); on this LibTorch use amp::Float8<amp::Tensorwise> (LibTorch 2.8+) or "
                   "amp::Mixed<amp::bf16, amp::NoScaler> on amp::CPU");
     return false;
-  } else if constexpr (is_float8_v<P> && !float8_supported_v<Device> && std::is_same_v<Device, CPU>) {
+  } else if constexpr (is_float8_v<P> && !is_block_scaled_recipe_v<float8_recipe_t<P>> && !float8_supported_v<Device> &&
+                       std::is_same_v<Device, CPU>) {
     static_assert(dependent_false_v<P>,
                   "amp: Float8 on CPU needs LibTorch 2.8 or newer (the CPU at::_scaled_mm); on this LibTorch use "
                   "amp::Mixed<amp::bf16, amp::NoScaler> on amp::CPU");
     return false;
-  } else if constexpr (is_float8_v<P> && !float8_supported_v<Device>) {
+  } else if constexpr (is_float8_v<P> && !is_block_scaled_recipe_v<float8_recipe_t<P>> && !float8_supported_v<Device>) {
     static_assert(dependent_false_v<P>,
                   "amp: Float8 needs LibTorch 2.5 or newer (at::_scaled_mm with out_dtype); on this LibTorch use "
                   "amp::Mixed<amp::bf16, amp::NoScaler>");

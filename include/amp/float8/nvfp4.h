@@ -110,7 +110,9 @@ inline at::Tensor e2m1_codes_stochastic(const at::Tensor& x, at::Generator gen) 
   const at::Tensor hi = (lo + 1).clamp_max(7);
   const at::Tensor lo_v = grid.index({lo}), hi_v = grid.index({hi});
   const at::Tensor p = at::where(hi > lo, (a - lo_v) / (hi_v - lo_v), at::zeros_like(a));
-  const at::Tensor up = at::rand(x.sizes(), gen, x.options().dtype(at::kFloat)) < p;
+  // Drawn on the generator's device (a Trainer's is a CPU one), then moved to x's.
+  const at::Tensor draws = at::rand(x.sizes(), gen, at::TensorOptions().dtype(at::kFloat).device(gen.device()));
+  const at::Tensor up = draws.to(x.device()) < p;
   at::Tensor code = lo + up.to(lo.scalar_type());
   code = at::where(x < 0.0, code + 8, code);
   return at::where(at::isnan(x), at::zeros_like(code), code).to(at::kByte);
@@ -174,7 +176,7 @@ inline at::Tensor hadamard16(at::ScalarType dtype = at::kFloat) {
 inline at::Tensor rht16(const at::Tensor& x) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) % kNvfp4Block == 0, "amp: the Hadamard transform works on blocks of 16 ",
               "along the last dimension; it is ", x.dim() >= 1 ? x.size(-1) : 0, " in ", x.sizes());
-  const at::Tensor transform = hadamard16(x.scalar_type()) * (1.0 / 4.0);
+  const at::Tensor transform = hadamard16(x.scalar_type()).to(x.device()) * (1.0 / 4.0);
   return at::matmul(x.contiguous().view({-1, kNvfp4Block}), transform).view(x.sizes());
 }
 

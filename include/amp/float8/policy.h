@@ -6,11 +6,14 @@
 //
 // A Float8 region is a bf16 autocast region whose linear routing is on
 // (amp/precision/linear_routing.h): each C++ linear whose weight fits
-// (float8::fits) runs float8::linear, tensorwise, rowwise or with delayed scaling; the
-// others, and every other op, run in bf16 as in Mixed<bf16, NoScaler>.
-// The recipe's state (TrainingState) is the trainer's: Tensorwise has none;
-// Delayed keeps a DelayedScaling of every fitting nn::Linear of the model,
-// updated after each optimizer step and written into checkpoints.
+// (float8::fits) runs float8::linear, tensorwise, rowwise or with delayed scaling,
+// or a block-scaled recipe's emulated GEMMs (amp/float8/block_scaled.h: MXFP8,
+// NVFP4); the others, and every other op, run in bf16 as in Mixed<bf16, NoScaler>.
+// The recipe's state (TrainingState) is the trainer's: Tensorwise, the
+// rowwise recipes, MXFP8 and NVFP4 have none; Delayed keeps a DelayedScaling
+// of every fitting nn::Linear of the model, updated after each optimizer step
+// and written into checkpoints; NVFP4<true> keeps the generator its
+// stochastic rounding draws from (seeded with 0, written into checkpoints).
 #pragma once
 
 #include <c10/util/Exception.h>
@@ -26,6 +29,7 @@
 
 #include "amp/core/policy.h"
 #include "amp/detail/compat_float8.h"
+#include "amp/float8/block_scaled.h"
 #include "amp/float8/delayed.h"
 #include "amp/float8/linear.h"
 #include "amp/float8/rowwise.h"
@@ -38,19 +42,21 @@ namespace float8 {
 // The linears a Float8 policy runs in float8 and those it leaves in bf16.
 struct Coverage {
   std::vector<std::string> converted;  // module paths of the nn::Linear layers whose weight fits
-  std::vector<std::string> kept;       // "path [out, in]" of those whose dimensions are not multiples of 16
+  std::vector<std::string> kept;       // "path [out, in]" of those whose dimensions are not multiples of the block
   std::vector<std::string> mapped;     // "path (fp32)" of those a precision map keeps out of float8
 };
 
 // `map`: a region's precision map resolved against `model` (PrecisionMap::resolve), or null.
-inline Coverage coverage(const torch::nn::Module& model, const amp::detail::PrecisionTable* map = nullptr) {
+// Recipe: the policy's; the block-scaled ones tile by their block (MXFP8: 32).
+template <class Recipe = Tensorwise>
+Coverage coverage(const torch::nn::Module& model, const amp::detail::PrecisionTable* map = nullptr) {
   Coverage out;
   for (const auto& [name, linear] : detail::linears_of(model)) {
     const at::Tensor& w = linear->weight;
     const ModulePrecision* p = map != nullptr ? amp::detail::mapped_precision(*map, w) : nullptr;
     if (p != nullptr) {
       out.mapped.push_back(name + " (" + ::amp::detail::to_string(*p) + ")");
-    } else if (detail::fits(w)) {
+    } else if (detail::fits_recipe<Recipe>(w)) {
       out.converted.push_back(name);
     } else {
       out.kept.push_back(name + " [" + std::to_string(w.size(0)) + ", " + std::to_string(w.size(1)) + "]");
@@ -61,11 +67,12 @@ inline Coverage coverage(const torch::nn::Module& model, const amp::detail::Prec
 
 namespace detail {  // what Trainer and Fabric use
 
-// "float8: 3 linears, 1 kept in bf16 (head [10, 64])".
-inline std::string describe(const Coverage& c) {
+// "float8: 3 linears, 1 kept in bf16 (head [10, 64])"; `block`: the recipe's (kLinearBlock).
+inline std::string describe(const Coverage& c, int64_t block = 16) {
   std::string s = "float8: " + std::to_string(c.converted.size()) + " linear(s)";
   if (!c.kept.empty()) {
-    s += ", " + std::to_string(c.kept.size()) + " kept in bf16 (dimensions not multiples of 16:";
+    s += ", " + std::to_string(c.kept.size()) + " kept in bf16 (dimensions not multiples of " + std::to_string(block) +
+         ":";
     for (const std::string& k : c.kept) s += " " + k;
     s += ")";
   }
@@ -81,6 +88,8 @@ inline std::string describe(const Coverage& c) {
 // needs compute capability 8.9+; the rowwise kernels, a LibTorch that has them).
 template <class Recipe>
 void check_device(const c10::Device& device) {
+  if constexpr (amp::detail::is_block_scaled_recipe_v<Recipe>)
+    return;  // emulated: any device with the dtypes (static rules)
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
   constexpr bool rowwise = amp::detail::is_rowwise_recipe_v<Recipe>;
   if (!device.is_cuda() && !rowwise) return;  // the static rules checked CPU's LibTorch
@@ -117,6 +126,34 @@ class TrainingState {
   void update(ReduceMax&& /*reduce_max*/) {}
   void write(torch::serialize::OutputArchive& /*archive*/) const {}
   void read(torch::serialize::InputArchive& /*archive*/) {}
+};
+
+// NVFP4<true>: the generator its stochastic rounding draws from, seeded
+// with 0 at construction (the same run gives the same bits), bound around
+// each forward and backward, its state written into checkpoints ("nvfp4_sr").
+template <>
+class TrainingState<NVFP4<true>> {
+ public:
+  TrainingState() : gen_(at::make_generator<at::CPUGeneratorImpl>(0)) {}
+
+  void track(torch::nn::Module& /*model*/, const std::string& /*prefix*/ = "") {}
+  StochasticRoundingGuard bind() { return StochasticRoundingGuard(gen_); }
+  template <class ReduceMax>
+  void update(ReduceMax&& /*reduce_max*/) {}
+  void write(torch::serialize::OutputArchive& archive) const {
+    archive.write("nvfp4_sr", gen_.get_state(), /*is_buffer=*/true);
+  }
+  void read(torch::serialize::InputArchive& archive) {
+    c10::IValue state;
+    TORCH_CHECK(archive.try_read("nvfp4_sr", state) && state.isTensor(),
+                "amp: the checkpoint has no NVFP4 stochastic-rounding state (\"nvfp4_sr\"); it was saved under "
+                "another recipe");
+    gen_.set_state(state.toTensor());
+  }
+  at::Generator& generator() { return gen_; }
+
+ private:
+  at::Generator gen_;
 };
 
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
@@ -205,5 +242,22 @@ struct Float8RegionGuard<Delayed<H, M>> {
 
 }  // namespace detail
 #endif  // AMP_DETAIL_HAS_FLOAT8_MATMUL
+
+#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+namespace detail {
+
+// Region<Float8<MXFP8<Mode>>, D> and Region<Float8<NVFP4<SR>>, D>: the
+// routed linears run the block-scaled recipe (amp/float8/block_scaled.h).
+template <MxScaleMode Mode>
+struct Float8RegionGuard<MXFP8<Mode>> {
+  LinearFnGuard guard{&float8::detail::block_scaled_linear<MXFP8<Mode>>};
+};
+template <bool SR>
+struct Float8RegionGuard<NVFP4<SR>> {
+  LinearFnGuard guard{&float8::detail::block_scaled_linear<NVFP4<SR>>};
+};
+
+}  // namespace detail
+#endif  // AMP_DETAIL_HAS_FLOAT8_DTYPE
 
 }  // namespace amp

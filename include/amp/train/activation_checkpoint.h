@@ -9,7 +9,8 @@
 // The forward runs fn without autograd and records what it ran under: the
 // autocast state (the thread's dispatch keys and autocast dtypes), amp's
 // region state (strict casts, linear routing and its LinearFn, the precision
-// map in force, Float8's delayed scaling) and the random generators (CPU and
+// map in force, Float8's delayed scaling, NVFP4's stochastic-rounding
+// generator) and the random generators (CPU and
 // every CUDA device, as preserve_rng_state=True). Backward restores all of it,
 // recomputes fn with autograd, puts the forward's state back, then
 // backpropagates the recomputed graph (torch.utils.checkpoint's reentrant
@@ -44,6 +45,7 @@
 #include "amp/detail/compat_cuda.h"
 #include "amp/detail/compat_float8.h"
 #include "amp/detail/compat_ops.h"
+#include "amp/float8/block_scaled.h"
 #include "amp/float8/delayed.h"
 #include "amp/precision/autocast.h"
 #include "amp/precision/linear_routing.h"
@@ -81,6 +83,7 @@ struct ForwardState {
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
   const float8::DelayedScaling* delayed = nullptr;
 #endif
+  at::Generator* rounding = nullptr;  // NVFP4<true>'s generator (a Trainer's), null: the default one
   RngStates rng;
 
   static ForwardState now(bool with_rng) {
@@ -93,6 +96,7 @@ struct ForwardState {
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
     s.delayed = float8::detail::current_delayed_scaling();
 #endif
+    s.rounding = float8::detail::stochastic_rounding_generator();
     if (with_rng) s.rng = capture_rng();
     return s;
   }
@@ -106,6 +110,7 @@ struct ForwardState {
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
     float8::detail::current_delayed_scaling() = delayed;
 #endif
+    float8::detail::stochastic_rounding_generator() = rounding;
     if (rng.cpu.defined()) restore_rng(rng);
   }
 };

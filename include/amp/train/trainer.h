@@ -142,7 +142,9 @@ class Trainer {
     detail::Progress bar(options_.progress(), fo.max_steps(), precision_name, fo.log_every());
     bar.note(std::string("optimizer path: ") + optimizer_path());
     if constexpr (detail::is_float8_v<Policy>)
-      bar.note(float8::detail::describe(float8::coverage(*module_, precision_table_.get())));
+      bar.note(
+          float8::detail::describe(float8::coverage<detail::float8_recipe_t<Policy>>(*module_, precision_table_.get()),
+                                   float8::detail::kLinearBlock<detail::float8_recipe_t<Policy>>));
     detail::PendingMetrics pending;
     auto flush = [&] { pending.flush(history, bar); };
     bool stop = fo.max_steps() >= 0 && steps() >= fo.max_steps();
