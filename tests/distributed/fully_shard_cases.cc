@@ -14,6 +14,13 @@
 //   clip        FullyShard::clip_grad_norm beside the Stepper's clipping under
 //               DataParallel (which clips whole gradients: LibTorch's order of
 //               the norm, not FSDP2's): parameters within 1e-5, some steps clipped
+//   scaler      a DynamicScaler under FullyShard (torch's ShardedGradScaler):
+//               one rank's shard gradient poisoned (inf at step 2 on the last
+//               rank, NaN at step 5 on rank 0): every rank skips those steps,
+//               shards bitwise unchanged, the scale backs off and grows by
+//               torch's rule, and the run matches DataParallel + the same
+//               scaler (bitwise at 2 processes, within 1e-5 at 3); the fused
+//               step's check (a second FullyShard) makes the same decisions
 //   errors      bad input: amp: errors, nothing changed
 //   die HOW WHERE  the last of 3 processes killed (HOW kill) or stopped (stop) at step 2,
 //               before its forward (WHERE gather: the others wait in an all-gather)
@@ -206,6 +213,112 @@ void vs_dp(int64_t accumulation, bool clip) {
             << worst << ")" << std::endl;
 }
 
+// Which rank poisons its gradient at step i (-1: none), and with what.
+int poisoner(int64_t i, int world) { return i == 2 ? world - 1 : i == 5 ? 0 : -1; }
+double poison_value(int64_t i) { return i == 2 ? INFINITY : NAN; }
+
+void scaler() {
+  auto pg = init();
+  const int rank = pg.rank(), world = pg.world_size();
+  const bool bitwise = world <= 2;
+  const int64_t steps = 8;
+  const auto scaler_options = amp::DynamicScalerOptions().init_scale(1024.0).growth_interval(2);
+  fsdp_model::Net a, b, c;  // a: DataParallel; b: FullyShard; c: FullyShard, the fused step where there is one
+  torch::optim::AdamW opt_a(a->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  amp::Stepper<amp::DynamicScaler> stepper_a(opt_a, amp::StepOptions().fused(false),
+                                             amp::DynamicScaler(scaler_options));
+  amp::DataParallel dp(pg, a->parameters());
+  stepper_a.set_gradient_sync(&dp);
+  amp::FullyShard fsdp_b(pg, *b, b->units);
+  b->fsdp = &fsdp_b;
+  torch::optim::AdamW opt_b(fsdp_b.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  amp::Stepper<amp::DynamicScaler> stepper_b(opt_b, amp::StepOptions().fused(false),
+                                             amp::DynamicScaler(scaler_options));
+  stepper_b.set_gradient_sync(&fsdp_b);
+  amp::FullyShard fsdp_c(pg, *c, c->units);
+  c->fsdp = &fsdp_c;
+  torch::optim::AdamW opt_c(fsdp_c.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  amp::Stepper<amp::DynamicScaler> stepper_c(opt_c, amp::StepOptions(), amp::DynamicScaler(scaler_options));
+  stepper_c.set_gradient_sync(&fsdp_c);
+  const fsdp_model::Data data(rank, steps);
+  double expect_scale = 1024.0;
+  int64_t tracker = 0, skipped = 0;
+  double worst = 0.0;
+  for (int64_t i = 0; i < steps; ++i) {
+    const int who = poisoner(i, world);
+    // DataParallel: the average carries one rank's inf/NaN to every rank, so
+    // every rank's averaged gradient is poisoned (after the all-reduce).
+    amp::StepResult ra;
+    const auto la = fsdp_model::loss_of(a->forward(data.x[i]), data.y[i]);
+    if (who < 0) {
+      ra = stepper_a.step(la);
+    } else {
+      opt_a.zero_grad();
+      dp.begin_backward(true);
+      stepper_a.scaler().scale(la).backward();
+      dp.finish_backward();
+      torch::NoGradGuard no_grad;
+      my_rows(a->parameters()[0].grad(), who, world)[0].fill_(poison_value(i));
+      ra = stepper_a.finish_step(la.detach());
+    }
+    // FullyShard: only the poisoner's own shard holds it.
+    auto fsdp_step = [&](amp::FullyShard& fsdp, fsdp_model::Net& net, torch::optim::AdamW& opt,
+                         amp::Stepper<amp::DynamicScaler>& stepper, const std::string& what) {
+      const auto loss = fsdp_model::loss_of(fsdp.forward(net, data.x[i]), data.y[i]);
+      if (who < 0) return stepper.step(loss);
+      opt.zero_grad();
+      fsdp.begin_backward(true);
+      stepper.scaler().scale(loss).backward();
+      fsdp.finish_backward();
+      std::vector<torch::Tensor> before;
+      for (const auto& p : fsdp.parameters()) before.push_back(p.detach().clone());
+      if (rank == who) {
+        torch::NoGradGuard no_grad;
+        fsdp.parameters()[0].grad()[0].fill_(poison_value(i));
+      }
+      const auto r = stepper.finish_step(loss.detach());
+      const auto after = fsdp.parameters();
+      for (size_t k = 0; k < after.size(); ++k)
+        check(torch::equal(before[k], after[k].detach()),
+              what + " step " + str(i) + ": shard " + fsdp.names()[k] + " changed on a skipped step");
+      return r;
+    };
+    auto rb = fsdp_step(fsdp_b, b, opt_b, stepper_b, "FullyShard");
+    auto rc = fsdp_step(fsdp_c, c, opt_c, stepper_c, "FullyShard (" + stepper_c.optimizer_path() + ")");
+    // torch's rule (growth_interval 2, backoff 0.5, growth 2).
+    if (who >= 0) {
+      expect_scale *= 0.5, tracker = 0, ++skipped;
+    } else if (++tracker == 2) {
+      expect_scale *= 2.0, tracker = 0;
+    }
+    for (const auto* r : {&ra, &rb, &rc})
+      check(r->skipped() == (who >= 0), "step " + str(i) + ": skipped " + str(r->skipped()) + " on rank " + str(rank) +
+                                            ", expected " + str(who >= 0) + " (poisoned by rank " + str(who) + ")");
+    for (const auto* s : {&stepper_a.scaler(), &stepper_b.scaler(), &stepper_c.scaler()})
+      check(s->get_scale() == expect_scale, "step " + str(i) + ": scale " + std::to_string(s->get_scale()) +
+                                                ", expected " + std::to_string(expect_scale));
+    check(bitwise ? torch::equal(la.detach(), rb.loss) : torch::allclose(la.detach(), rb.loss, 1e-5, 1e-6),
+          "step " + str(i) + ": loss differs from DataParallel's");
+    const auto pa = a->parameters();
+    const auto pb = fsdp_b.parameters();
+    const auto pc = fsdp_c.parameters();
+    for (size_t k = 0; k < pa.size(); ++k) {
+      const auto mine = my_rows(pa[k].detach(), rank, world);
+      if (mine.numel() == 0) continue;
+      worst = std::max(worst, (mine - pb[k].detach()).abs().max().item<double>());
+      check(bitwise ? torch::equal(mine, pb[k].detach()) : torch::allclose(mine, pb[k].detach(), 1e-5, 1e-5),
+            "step " + str(i) + ": parameter " + fsdp_b.names()[k] + " differs from DataParallel's by " +
+                std::to_string((mine - pb[k].detach()).abs().max().item<double>()));
+      check(torch::allclose(pb[k].detach(), pc[k].detach(), 1e-5, 1e-5),
+            "step " + str(i) + ": parameter " + fsdp_b.names()[k] + " of the fused step differs");
+    }
+  }
+  check(skipped == 2, "the case skipped " + str(skipped) + " steps, expected 2");
+  std::cout << "PASS scaler (" << (bitwise ? "bitwise" : "within 1e-5") << " with DataParallel, largest difference "
+            << worst << "; final scale " << expect_scale << "; fused case: " << stepper_c.optimizer_path() << ")"
+            << std::endl;
+}
+
 void expect_error(const std::function<void()>& f, const std::string& start, const std::string& what) {
   try {
     f();
@@ -238,16 +351,13 @@ void errors() {
                "a module that is not a unit");
   expect_error([&] { fsdp.clip_grad_norm(-1.0); }, "amp: FullyShard::clip_grad_norm: max_norm must be >= 0",
                "a negative max_norm");
-  // What would see one shard only is refused: the Stepper's clipping, a loss
-  // scaler's per-process skip decision, a Trainer's save().
+  // What would see one shard only is refused: the Stepper's clipping, a
+  // Trainer's save() (a loss scaler is served: the "scaler" case).
   torch::optim::AdamW opt(fsdp.parameters(), torch::optim::AdamWOptions(1e-2));
   amp::Stepper<amp::NoScaler> clipping(opt, amp::StepOptions().max_grad_norm(1.0));
   expect_error([&] { clipping.set_gradient_sync(&fsdp); },
                "amp: StepOptions::max_grad_norm would see only this process's shards under FullyShard",
                "the Stepper's own clipping");
-  amp::Stepper<amp::DynamicScaler> scaled(opt);
-  expect_error([&] { scaled.set_gradient_sync(&fsdp); },
-               "amp: a loss scaler's skip decision would see only this process's shards", "a loss scaler");
   amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
   trainer.stepper().set_gradient_sync(&fsdp);
   expect_error([&] { trainer.save("/nonexistent-dir/never-written.pt"); },
@@ -313,6 +423,8 @@ int main(int argc, char** argv) {
       vs_dp(2, false);
     } else if (test_case::name == "clip") {
       vs_dp(1, true);
+    } else if (test_case::name == "scaler") {
+      scaler();
     } else if (test_case::name == "errors") {
       errors();
     } else if (test_case::name == "die" && a.size() == 3) {

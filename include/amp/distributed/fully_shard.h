@@ -183,8 +183,16 @@ class FullyShard : public GradientSync {
                   "the root's forward through FullyShard::forward so that its end is seen");
   }
   // The Stepper, Trainer and Fabric refuse what would see one shard only
-  // (their own clipping, a loss scaler, save()): gradient_sync.h.
+  // (their own clipping, save()): gradient_sync.h.
   bool shards_parameters() const override { return true; }
+  // A loss scaler's found-inf flag, the largest over the ranks: every rank
+  // skips or steps together and keeps one scale (torch's ShardedGradScaler
+  // sums instead; the decisions are the same, and a flag of 0 or 1 is what
+  // the fused optimizer kernels expect). The Stepper and Fabric install it
+  // in their scaler; by hand: scaler.set_found_inf_sync([&](at::Tensor& f) { fsdp.all_reduce_found_inf(f); }).
+  void all_reduce_found_inf(at::Tensor& found_inf) override {
+    if (pg_.world_size() > 1) pg_.allreduce_max(found_inf, "FullyShard found-inf all-reduce");
+  }
 
   // Bytes this rank holds: the padded shards; the sharded gradients; the
   // unsharded parameters now, and their most since reset_peak().
