@@ -21,6 +21,18 @@
 //               torch's rule, and the run matches DataParallel + the same
 //               scaler (bitwise at 2 processes, within 1e-5 at 3); the fused
 //               step's check (a second FullyShard) makes the same decisions
+//   checkpoint  amp::checkpoint inside each unit (the block's body) and around
+//               each unit's call, in fp32 and with param_dtype bf16: losses,
+//               shard gradients and parameters bitwise those without
+//               checkpointing; the recompute finds the unit gathered (inside)
+//               or gathers it again (around): as many all-gathers as without,
+//               and the peak of unsharded bytes still the root and one block
+//   autocast    a Trainer<Mixed<bf16, NoScaler>> (autocast around the forward)
+//               under FullyShard (fp32 shards) beside the same Trainer under
+//               DataParallel, without and with a precision map (block 0's
+//               fc1 in fp32): losses and shards bitwise at 2 processes,
+//               within a bf16 tolerance at 3 (see there); each differs from the fp32 run, so the
+//               autocast (and the map) took effect
 //   errors      bad input: amp: errors, nothing changed
 //   die HOW WHERE  the last of 3 processes killed (HOW kill) or stopped (stop) at step 2,
 //               before its forward (WHERE gather: the others wait in an all-gather)
@@ -28,6 +40,7 @@
 //               get an amp: error naming it within the timeout
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -36,11 +49,13 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "amp/distributed.h"
 #include "amp/optim/low_bit_adam.h"
 #include "amp/optim/state_bytes.h"
+#include "amp/precision/precision_map.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/scaler/no_scaler.h"
 #include "amp/train/stepper.h"
@@ -319,6 +334,141 @@ void scaler() {
             << std::endl;
 }
 
+void checkpointed(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> param_dtype, const std::string& what) {
+  const int rank = pg.rank();
+  const int64_t steps = 3;
+  fsdp_model::Net a, b, c;  // a: no checkpoint; b: inside each unit; c: around each unit's call
+  b->blocks->apply([](torch::nn::Module& m) {
+    if (auto* block = dynamic_cast<fsdp_model::BlockImpl*>(&m)) block->checkpointed = true;
+  });
+  c->checkpoint_units = true;
+  const auto options = amp::FullyShardOptions().param_dtype(param_dtype);
+  amp::FullyShard fa(pg, *a, a->units, options), fb(pg, *b, b->units, options), fc(pg, *c, c->units, options);
+  a->fsdp = &fa, b->fsdp = &fb, c->fsdp = &fc;
+  torch::optim::AdamW oa(fa.parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW ob(fb.parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW oc(fc.parameters(), torch::optim::AdamWOptions(1e-2));
+  const fsdp_model::Data data(rank, steps);
+  const auto units = fa.unit_bytes();
+  for (int64_t i = 0; i < steps; ++i) {
+    std::vector<torch::Tensor> losses;
+    std::vector<int64_t> gathers;
+    for (auto* run : {&a, &b, &c}) {
+      amp::FullyShard& f = run == &a ? fa : run == &b ? fb : fc;
+      const int64_t before = f.allgathers();
+      f.reset_peak();
+      const auto loss = fsdp_model::loss_of(f.forward(*run, data.x[i]), data.y[i]);
+      loss.backward();
+      losses.push_back(loss.detach());
+      gathers.push_back(f.allgathers() - before);
+      check(f.peak_unsharded_bytes() <= units.back() + units.front(),
+            what + " step " + str(i) + ": peak unsharded " + str(f.peak_unsharded_bytes()) + " > the root and a block");
+      check(f.unsharded_bytes() == 0, what + " step " + str(i) + ": a unit left gathered after backward");
+    }
+    check(gathers[1] == gathers[0] && gathers[2] == gathers[0], what + " step " + str(i) + ": all-gathers " +
+                                                                    str(gathers[0]) + " / " + str(gathers[1]) + " / " +
+                                                                    str(gathers[2]) + " without / inside / around");
+    for (size_t k = 1; k < 3; ++k)
+      check(torch::equal(losses[0], losses[k]), what + " step " + str(i) + ": loss " + str(int64_t(k)) + " differs");
+    const auto pa = fa.parameters(), pb = fb.parameters(), pc = fc.parameters();
+    for (size_t k = 0; k < pa.size(); ++k) {
+      check(torch::equal(pa[k].grad(), pb[k].grad()) && torch::equal(pa[k].grad(), pc[k].grad()),
+            what + " step " + str(i) + ": gradient of " + fa.names()[k] + " differs under checkpointing");
+    }
+    for (auto* o : {&oa, &ob, &oc}) o->step(), o->zero_grad();
+    for (size_t k = 0; k < pa.size(); ++k)
+      check(torch::equal(pa[k], pb[k]) && torch::equal(pa[k], pc[k]),
+            what + " step " + str(i) + ": shard of " + fa.names()[k] + " differs under checkpointing");
+  }
+}
+
+// Losses of `steps` steps of a Trainer<P> on `net` (under FullyShard when
+// `fsdp`, else DataParallel), and this rank's rows of every parameter after each.
+template <class P>
+std::pair<std::vector<torch::Tensor>, std::vector<std::vector<torch::Tensor>>> trainer_run(const amp::ProcessGroup& pg,
+                                                                                           bool sharded,
+                                                                                           const amp::PrecisionMap& map,
+                                                                                           int64_t steps) {
+  const int rank = pg.rank(), world = pg.world_size();
+  fsdp_model::Net net;
+  std::optional<amp::FullyShard> fsdp;
+  std::optional<amp::DataParallel> dp;
+  std::vector<torch::Tensor> params = net->parameters();
+  if (sharded) {
+    fsdp.emplace(pg, *net, net->units);
+    net->fsdp = &*fsdp;
+    params = fsdp->parameters();
+  }
+  torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  amp::Trainer<P, amp::CPU> trainer(net, opt,
+                                    amp::TrainerOptions()
+                                        .progress(false)
+                                        .step(amp::StepOptions().fused(false))
+                                        .region(amp::RegionOptions().precision_map(map)));
+  if (sharded) {
+    trainer.stepper().set_gradient_sync(&*fsdp);
+  } else {
+    dp.emplace(pg, net->parameters());
+    trainer.stepper().set_gradient_sync(&*dp);
+  }
+  const fsdp_model::Data data(rank, steps);
+  std::vector<torch::Tensor> losses;
+  std::vector<std::vector<torch::Tensor>> shards;
+  for (int64_t i = 0; i < steps; ++i) {
+    const auto r = trainer.step([&](auto&) {
+      return fsdp_model::loss_of(sharded ? fsdp->forward(net, data.x[i]) : net->forward(data.x[i]), data.y[i]);
+    });
+    losses.push_back(r.loss);
+    shards.emplace_back();
+    for (const auto& p : sharded ? fsdp->parameters() : net->parameters())
+      shards.back().push_back(sharded ? p.detach().clone() : my_rows(p.detach(), rank, world).clone());
+  }
+  return {losses, shards};
+}
+
+void autocast() {
+  auto pg = init();
+  // At 3 processes the fp32 gradient sums differ in the last bit (DataParallel
+  // multiplies by 1/3 before summing, FullyShard divides the sum), and a
+  // weight that then rounds to the other bf16 neighbour in the next forward
+  // carries a bf16 ulp (2^-8 relative) on: a bf16 tolerance there.
+  const bool bitwise = pg.world_size() <= 2;
+  const double rtol = 1e-2, atol = 1e-3;
+  const int64_t steps = 4;
+  using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
+  const auto fp32 = trainer_run<amp::True<amp::fp32>>(pg, true, amp::PrecisionMap(), steps);
+  double worst = 0.0;
+  for (const bool mapped : {false, true}) {
+    const std::string what = mapped ? "bf16 autocast + precision map" : "bf16 autocast";
+    amp::PrecisionMap map;
+    if (mapped) map.path("blocks.0.fc1", amp::ModulePrecision::kFp32);
+    const auto dp = trainer_run<Bf16>(pg, false, map, steps);
+    const auto fs = trainer_run<Bf16>(pg, true, map, steps);
+    check(!torch::equal(fs.first[0], fp32.first[0]), what + ": the first loss equals fp32's: no autocast");
+    for (int64_t i = 0; i < steps; ++i) {
+      const auto& a = dp.first[static_cast<size_t>(i)];
+      const auto& b = fs.first[static_cast<size_t>(i)];
+      check(bitwise ? torch::equal(a, b) : torch::allclose(a, b, rtol, atol),
+            what + " step " + str(i) + ": loss differs from DataParallel's");
+      const auto& pa = dp.second[static_cast<size_t>(i)];
+      const auto& pb = fs.second[static_cast<size_t>(i)];
+      for (size_t k = 0; k < pa.size(); ++k) {
+        if (pa[k].numel() == 0) continue;
+        worst = std::max(worst, (pa[k] - pb[k]).abs().max().item<double>());
+        check(bitwise ? torch::equal(pa[k], pb[k]) : torch::allclose(pa[k], pb[k], rtol, atol),
+              what + " step " + str(i) + ": parameter " + str(static_cast<int64_t>(k)) +
+                  " differs from DataParallel's by " + std::to_string((pa[k] - pb[k]).abs().max().item<double>()));
+      }
+    }
+    if (mapped) {
+      const auto plain = trainer_run<Bf16>(pg, true, amp::PrecisionMap(), 1);
+      check(!torch::equal(fs.first[0], plain.first[0]), what + ": the first loss equals the unmapped one: no map");
+    }
+  }
+  std::cout << "PASS autocast (" << (bitwise ? "bitwise" : "within rtol 1e-2, atol 1e-3")
+            << " with DataParallel, largest difference " << worst << ")" << std::endl;
+}
+
 void expect_error(const std::function<void()>& f, const std::string& start, const std::string& what) {
   try {
     f();
@@ -425,6 +575,13 @@ int main(int argc, char** argv) {
       vs_dp(1, true);
     } else if (test_case::name == "scaler") {
       scaler();
+    } else if (test_case::name == "checkpoint") {
+      auto pg = init();
+      checkpointed(pg, std::nullopt, "fp32");
+      checkpointed(pg, at::kBFloat16, "bf16");
+      std::cout << "PASS checkpoint" << std::endl;
+    } else if (test_case::name == "autocast") {
+      autocast();
     } else if (test_case::name == "errors") {
       errors();
     } else if (test_case::name == "die" && a.size() == 3) {

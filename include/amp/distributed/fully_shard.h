@@ -372,7 +372,9 @@ class FullyShard : public GradientSync {
       in_root_forward_ = true;
       reshard(u);  // stale after a step: gathered again
     } else {
-      TORCH_CHECK(in_root_forward_,
+      // In the root's backward: a recompute (amp::checkpoint around the
+      // unit's call), which gathers the unit (or finds it gathered).
+      TORCH_CHECK(in_root_forward_ || callback_queued_,
                   "amp: FullyShard::forward: a unit ran outside the root's forward; call the root "
                   "as fsdp.forward(root, ...) and the units inside it");
     }
@@ -381,6 +383,9 @@ class FullyShard : public GradientSync {
 
   template <class R>
   R post_forward(detail::ShardUnit& u, R out) {
+    // A recompute in backward (as FSDP2's forward in PRE_BACKWARD): the unit
+    // stays gathered until its gradients are reduce-scattered; no hook.
+    if (!u.root && !in_root_forward_) return out;
     const bool grad = at::GradMode::is_enabled();
     if (!u.root && (options_.reshard_after_forward() || !grad)) reshard(u);
     if (u.root) {
