@@ -111,12 +111,13 @@ void memory_with(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> par
   model->fsdp = &fsdp;
   Opt opt(fsdp.parameters(), torch::optim::AdamWOptions(1e-3));
   const int64_t elem = param_dtype ? 2 : 4;
-  int64_t padded = 0, whole = 0, state = 0, quantized = 0, plain = 0;
+  int64_t padded = 0, whole = 0, state = 0, quantized = 0, plain = 0, root_padded = 0;
   const std::vector<std::vector<int64_t>> shapes = {{256, 256}, {256}, {256, 256}, {256}, {8, 256}, {8}};
   for (const auto& s : shapes) {
     const int64_t inner = s.size() > 1 ? s[1] : 1, chunk = (s[0] + world - 1) / world;
     const int64_t rows = std::max<int64_t>(0, std::min(chunk, s[0] - rank * chunk));
     padded += chunk * inner, whole += s[0] * inner;
+    if (&s >= &shapes[4]) root_padded += chunk * inner;
     const int64_t n = rows * inner;
     if (std::is_same_v<Opt, amp::AdamW8bit> && n >= 4096 && n % 256 == 0) {
       state += 2 * n + 2 * 4 * (n / 256) + 4, ++quantized;  // two int8 states, one fp32 scale per 256, fp32 step
@@ -131,6 +132,7 @@ void memory_with(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> par
     torch::manual_seed(50 + static_cast<uint64_t>(rank));
     const auto x = torch::randn({4, 256});
     fsdp.reset_peak();
+    const int64_t gathered = fsdp.allgathered_bytes(), scattered = fsdp.reduce_scattered_bytes();
     const auto loss = fsdp.forward(model, x).to(torch::kFloat).pow(2).mean();
     loss.backward();
     check(fsdp.unsharded_bytes() == 0,
@@ -141,6 +143,14 @@ void memory_with(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> par
     check(fsdp.peak_unsharded_bytes() == units[2] + units[0],
           std::string(what) + ": peak unsharded " + str(fsdp.peak_unsharded_bytes()) + ", expected the root and one " +
               "block: " + str(units[2] + units[0]));
+    // FSDP2's traffic: each block gathered twice (forward, backward), the
+    // root once (kept from its forward to its backward), every gradient
+    // reduce-scattered once; buffers of N padded shards, none at N = 1.
+    const int64_t n = world > 1 ? world : 0;
+    check(fsdp.allgathered_bytes() - gathered == n * elem * (2 * (padded - root_padded) + root_padded),
+          std::string(what) + ": all-gathered bytes " + str(fsdp.allgathered_bytes() - gathered));
+    check(fsdp.reduce_scattered_bytes() - scattered == n * elem * padded,
+          std::string(what) + ": reduce-scattered bytes " + str(fsdp.reduce_scattered_bytes() - scattered));
     check(fsdp.gradient_bytes() == 4 * padded,
           std::string(what) + ": gradient bytes " + str(fsdp.gradient_bytes()) + ", expected " + str(4 * padded));
     opt.step();

@@ -230,6 +230,11 @@ class FullyShard : public GradientSync {
   // All-gathers and reduce-scatters issued so far.
   int64_t allgathers() const { return allgathers_; }
   int64_t reduce_scatters() const { return reduce_scatters_; }
+  // Their buffers' bytes so far: each all-gather's output (every rank's
+  // padded shards in the compute dtype) and each reduce-scatter's input
+  // (world_size() rows in reduce_dtype). A ring sends (N-1)/N of these per rank.
+  int64_t allgathered_bytes() const { return allgathered_bytes_; }
+  int64_t reduce_scattered_bytes() const { return reduce_scattered_bytes_; }
 
   const ProcessGroup& process_group() const { return pg_; }
   const FullyShardOptions& options() const { return options_; }
@@ -480,6 +485,7 @@ class FullyShard : public GradientSync {
     else
       out.copy_(in);
     ++reduce_scatters_;
+    if (world > 1) reduce_scattered_bytes_ += static_cast<int64_t>(in.nbytes());
     in = at::Tensor();
     if (out.scalar_type() != param_dtype()) out = out.to(param_dtype());
     int64_t off = 0;
@@ -535,6 +541,7 @@ class FullyShard : public GradientSync {
       out = at::empty({world * total}, in.options());
       pg_.allgather_into(out, in, "FullyShard all-gather");
       ++allgathers_;
+      allgathered_bytes_ += static_cast<int64_t>(out.nbytes());
     }
     off = 0;
     for (size_t i : u.params) {
@@ -592,6 +599,8 @@ class FullyShard : public GradientSync {
   int64_t peak_unsharded_bytes_ = 0;
   int64_t allgathers_ = 0;
   int64_t reduce_scatters_ = 0;
+  int64_t allgathered_bytes_ = 0;
+  int64_t reduce_scattered_bytes_ = 0;
 };
 
 }  // namespace amp
