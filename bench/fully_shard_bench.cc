@@ -10,8 +10,8 @@
 //
 // Variants: ZeRO1 (DataParallel + ShardedOptimizer, a bf16-mixed Trainer);
 // FullyShard_autocast (fp32 shards under the same bf16-mixed Trainer: the
-// same arithmetic); FullyShard_bf16 (param_dtype bf16, reduce_dtype fp32, an
-// fp32 Trainer: FSDP2's usual policy, no autocast).
+// same arithmetic); FullyShard_bf16 (param_dtype bf16, reduce_dtype fp32, a
+// Stepper: FSDP2's usual policy, no autocast).
 // Counters (per rank and step): gathered_bytes and scattered_bytes, the
 // all-gathers' outputs and the reduce-scatters' inputs as FullyShard counts
 // them; formula_bytes, FSDP2's two all-gathers of the padded parameters in
@@ -100,9 +100,7 @@ void fully_shard(benchmark::State& state, bool autocast) {
   const auto x = torch::randn({rows, 1024}), y = torch::randn({rows, 1024});
   auto loss_of = [&] { return torch::mse_loss(fsdp.forward(model, x).to(torch::kFloat), y); };
   int64_t gathered = 0, scattered = 0;
-  auto measure = [&](auto& trainer) {
-    trainer.stepper().set_gradient_sync(&fsdp);
-    auto step = [&] { trainer.step([&](auto&) { return loss_of(); }); };
+  auto measure = [&](auto&& step) {
     for (int i = 0; i < 2; ++i) step();
     gathered = fsdp.allgathered_bytes(), scattered = fsdp.reduce_scattered_bytes();
     for (auto _ : state) step();
@@ -110,10 +108,14 @@ void fully_shard(benchmark::State& state, bool autocast) {
   if (autocast) {
     amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(model, opt,
                                                                          amp::TrainerOptions().progress(false));
-    measure(trainer);
+    trainer.stepper().set_gradient_sync(&fsdp);
+    measure([&] { trainer.step([&](auto&) { return loss_of(); }); });
   } else {
-    amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(model, opt, amp::TrainerOptions().progress(false));
-    measure(trainer);
+    // A Stepper, not a Trainer<True<fp32>>: that one converts the module's
+    // parameters to fp32, which are FullyShard's bf16 unsharded tensors here.
+    amp::Stepper<amp::NoScaler> stepper(opt);
+    stepper.set_gradient_sync(&fsdp);
+    measure([&] { stepper.step(loss_of()); });
   }
   const double steps = static_cast<double>(state.iterations()), n = pg->world_size();
   const double padded = static_cast<double>(fsdp.parameter_bytes()) / 4.0 * n;  // padded elements, all ranks
