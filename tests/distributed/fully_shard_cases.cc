@@ -522,6 +522,14 @@ void errors() {
   trainer.stepper().set_gradient_sync(&fsdp);
   expect_error([&] { trainer.save("/nonexistent-dir/never-written.pt"); },
                "amp: Trainer::save would see only this process's shards", "Trainer::save");
+  // A Trainer<True<fp32>> converts FullyShard's bf16 unsharded parameters: an amp: error at the next gather.
+  fsdp_model::Net converted;
+  amp::FullyShard bf16(pg, *converted, converted->units, amp::FullyShardOptions().param_dtype(at::kBFloat16));
+  converted->fsdp = &bf16;
+  torch::optim::AdamW opt16(bf16.parameters(), torch::optim::AdamWOptions(1e-2));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> converting(converted, opt16, amp::TrainerOptions().progress(false));
+  expect_error([&] { bf16.forward(converted, data.x[0]); }, "amp: FullyShard: parameter 'ln_f.weight' is Float",
+               "a module converted after FullyShard");
   // Nothing changed: the model still trains.
   const auto loss = fsdp_model::loss_of(fsdp.forward(net, data.x[0]), data.y[0]);
   loss.backward();

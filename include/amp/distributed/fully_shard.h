@@ -547,6 +547,10 @@ class FullyShard : public GradientSync {
     for (size_t i : u.params) {
       auto& p = params_[i];
       const auto& l = p.layout;
+      TORCH_CHECK(p.module_param.scalar_type() == compute_dtype(), "amp: FullyShard: parameter '", p.name, "' is ",
+                  p.module_param.scalar_type(), " where FullyShard keeps it in ", compute_dtype(),
+                  ": the module was converted after FullyShard took it (a Trainer<True<...>> converts its model); "
+                  "with param_dtype set, drive FullyShard with a Stepper");
       alloc_storage(p);
       at::Tensor dst = at::from_blob(p.module_param.data_ptr(), {l.numel()}, in.options());
       for (int r = 0; r < world; ++r) {
