@@ -81,7 +81,7 @@ case "$group" in
     # BIN is fully_shard_cases: amp::FullyShard at 1-4 processes.
     for n in 1 2 3 4; do run "$n" memory; run "$n" vs_dp; done
     for n in 2 4; do run "$n" accumulate; done
-    for n in 2 3; do run "$n" clip; done
+    for n in 2 3; do run "$n" clip; run "$n" scaler; run "$n" checkpoint; run "$n" autocast; done
     run 2 errors
     # The last of 3 killed / stopped before its forward (the others wait in an
     # all-gather) or its backward (in a reduce-scatter): an amp: error within the timeout.

@@ -14,6 +14,25 @@
 //   clip        FullyShard::clip_grad_norm beside the Stepper's clipping under
 //               DataParallel (which clips whole gradients: LibTorch's order of
 //               the norm, not FSDP2's): parameters within 1e-5, some steps clipped
+//   scaler      a DynamicScaler under FullyShard (torch's ShardedGradScaler):
+//               one rank's shard gradient poisoned (inf at step 2 on the last
+//               rank, NaN at step 5 on rank 0): every rank skips those steps,
+//               shards bitwise unchanged, the scale backs off and grows by
+//               torch's rule, and the run matches DataParallel + the same
+//               scaler (bitwise at 2 processes, within 1e-5 at 3); the fused
+//               step's check (a second FullyShard) makes the same decisions
+//   checkpoint  amp::checkpoint inside each unit (the block's body) and around
+//               each unit's call, in fp32 and with param_dtype bf16: losses,
+//               shard gradients and parameters bitwise those without
+//               checkpointing; the recompute finds the unit gathered (inside)
+//               or gathers it again (around): as many all-gathers as without,
+//               and the peak of unsharded bytes still the root and one block
+//   autocast    a Trainer<Mixed<bf16, NoScaler>> (autocast around the forward)
+//               under FullyShard (fp32 shards) beside the same Trainer under
+//               DataParallel, without and with a precision map (block 0's
+//               fc1 in fp32): losses and shards bitwise at 2 processes,
+//               within a bf16 tolerance at 3 (see there); each differs from the fp32 run, so the
+//               autocast (and the map) took effect
 //   errors      bad input: amp: errors, nothing changed
 //   die HOW WHERE  the last of 3 processes killed (HOW kill) or stopped (stop) at step 2,
 //               before its forward (WHERE gather: the others wait in an all-gather)
@@ -21,6 +40,7 @@
 //               get an amp: error naming it within the timeout
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -29,11 +49,13 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "amp/distributed.h"
 #include "amp/optim/low_bit_adam.h"
 #include "amp/optim/state_bytes.h"
+#include "amp/precision/precision_map.h"
 #include "amp/scaler/dynamic_scaler.h"
 #include "amp/scaler/no_scaler.h"
 #include "amp/train/stepper.h"
@@ -89,12 +111,13 @@ void memory_with(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> par
   model->fsdp = &fsdp;
   Opt opt(fsdp.parameters(), torch::optim::AdamWOptions(1e-3));
   const int64_t elem = param_dtype ? 2 : 4;
-  int64_t padded = 0, whole = 0, state = 0, quantized = 0, plain = 0;
+  int64_t padded = 0, whole = 0, state = 0, quantized = 0, plain = 0, root_padded = 0;
   const std::vector<std::vector<int64_t>> shapes = {{256, 256}, {256}, {256, 256}, {256}, {8, 256}, {8}};
   for (const auto& s : shapes) {
     const int64_t inner = s.size() > 1 ? s[1] : 1, chunk = (s[0] + world - 1) / world;
     const int64_t rows = std::max<int64_t>(0, std::min(chunk, s[0] - rank * chunk));
     padded += chunk * inner, whole += s[0] * inner;
+    if (&s >= &shapes[4]) root_padded += chunk * inner;
     const int64_t n = rows * inner;
     if (std::is_same_v<Opt, amp::AdamW8bit> && n >= 4096 && n % 256 == 0) {
       state += 2 * n + 2 * 4 * (n / 256) + 4, ++quantized;  // two int8 states, one fp32 scale per 256, fp32 step
@@ -109,6 +132,7 @@ void memory_with(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> par
     torch::manual_seed(50 + static_cast<uint64_t>(rank));
     const auto x = torch::randn({4, 256});
     fsdp.reset_peak();
+    const int64_t gathered = fsdp.allgathered_bytes(), scattered = fsdp.reduce_scattered_bytes();
     const auto loss = fsdp.forward(model, x).to(torch::kFloat).pow(2).mean();
     loss.backward();
     check(fsdp.unsharded_bytes() == 0,
@@ -119,6 +143,14 @@ void memory_with(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> par
     check(fsdp.peak_unsharded_bytes() == units[2] + units[0],
           std::string(what) + ": peak unsharded " + str(fsdp.peak_unsharded_bytes()) + ", expected the root and one " +
               "block: " + str(units[2] + units[0]));
+    // FSDP2's traffic: each block gathered twice (forward, backward), the
+    // root once (kept from its forward to its backward), every gradient
+    // reduce-scattered once; buffers of N padded shards, none at N = 1.
+    const int64_t n = world > 1 ? world : 0;
+    check(fsdp.allgathered_bytes() - gathered == n * elem * (2 * (padded - root_padded) + root_padded),
+          std::string(what) + ": all-gathered bytes " + str(fsdp.allgathered_bytes() - gathered));
+    check(fsdp.reduce_scattered_bytes() - scattered == n * elem * padded,
+          std::string(what) + ": reduce-scattered bytes " + str(fsdp.reduce_scattered_bytes() - scattered));
     check(fsdp.gradient_bytes() == 4 * padded,
           std::string(what) + ": gradient bytes " + str(fsdp.gradient_bytes()) + ", expected " + str(4 * padded));
     opt.step();
@@ -206,6 +238,247 @@ void vs_dp(int64_t accumulation, bool clip) {
             << worst << ")" << std::endl;
 }
 
+// Which rank poisons its gradient at step i (-1: none), and with what.
+int poisoner(int64_t i, int world) { return i == 2 ? world - 1 : i == 5 ? 0 : -1; }
+double poison_value(int64_t i) { return i == 2 ? INFINITY : NAN; }
+
+void scaler() {
+  auto pg = init();
+  const int rank = pg.rank(), world = pg.world_size();
+  const bool bitwise = world <= 2;
+  const int64_t steps = 8;
+  const auto scaler_options = amp::DynamicScalerOptions().init_scale(1024.0).growth_interval(2);
+  fsdp_model::Net a, b, c;  // a: DataParallel; b: FullyShard; c: FullyShard, the fused step where there is one
+  torch::optim::AdamW opt_a(a->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  amp::Stepper<amp::DynamicScaler> stepper_a(opt_a, amp::StepOptions().fused(false),
+                                             amp::DynamicScaler(scaler_options));
+  amp::DataParallel dp(pg, a->parameters());
+  stepper_a.set_gradient_sync(&dp);
+  amp::FullyShard fsdp_b(pg, *b, b->units);
+  b->fsdp = &fsdp_b;
+  torch::optim::AdamW opt_b(fsdp_b.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  amp::Stepper<amp::DynamicScaler> stepper_b(opt_b, amp::StepOptions().fused(false),
+                                             amp::DynamicScaler(scaler_options));
+  stepper_b.set_gradient_sync(&fsdp_b);
+  amp::FullyShard fsdp_c(pg, *c, c->units);
+  c->fsdp = &fsdp_c;
+  torch::optim::AdamW opt_c(fsdp_c.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  amp::Stepper<amp::DynamicScaler> stepper_c(opt_c, amp::StepOptions(), amp::DynamicScaler(scaler_options));
+  stepper_c.set_gradient_sync(&fsdp_c);
+  const fsdp_model::Data data(rank, steps);
+  double expect_scale = 1024.0;
+  int64_t tracker = 0, skipped = 0;
+  double worst = 0.0;
+  for (int64_t i = 0; i < steps; ++i) {
+    const int who = poisoner(i, world);
+    // DataParallel: the average carries one rank's inf/NaN to every rank, so
+    // every rank's averaged gradient is poisoned (after the all-reduce).
+    amp::StepResult ra;
+    const auto la = fsdp_model::loss_of(a->forward(data.x[i]), data.y[i]);
+    if (who < 0) {
+      ra = stepper_a.step(la);
+    } else {
+      opt_a.zero_grad();
+      dp.begin_backward(true);
+      stepper_a.scaler().scale(la).backward();
+      dp.finish_backward();
+      torch::NoGradGuard no_grad;
+      my_rows(a->parameters()[0].grad(), who, world)[0].fill_(poison_value(i));
+      ra = stepper_a.finish_step(la.detach());
+    }
+    // FullyShard: only the poisoner's own shard holds it.
+    auto fsdp_step = [&](amp::FullyShard& fsdp, fsdp_model::Net& net, torch::optim::AdamW& opt,
+                         amp::Stepper<amp::DynamicScaler>& stepper, const std::string& what) {
+      const auto loss = fsdp_model::loss_of(fsdp.forward(net, data.x[i]), data.y[i]);
+      if (who < 0) return stepper.step(loss);
+      opt.zero_grad();
+      fsdp.begin_backward(true);
+      stepper.scaler().scale(loss).backward();
+      fsdp.finish_backward();
+      std::vector<torch::Tensor> before;
+      for (const auto& p : fsdp.parameters()) before.push_back(p.detach().clone());
+      if (rank == who) {
+        torch::NoGradGuard no_grad;
+        fsdp.parameters()[0].grad()[0].fill_(poison_value(i));
+      }
+      const auto r = stepper.finish_step(loss.detach());
+      const auto after = fsdp.parameters();
+      for (size_t k = 0; k < after.size(); ++k)
+        check(torch::equal(before[k], after[k].detach()),
+              what + " step " + str(i) + ": shard " + fsdp.names()[k] + " changed on a skipped step");
+      return r;
+    };
+    auto rb = fsdp_step(fsdp_b, b, opt_b, stepper_b, "FullyShard");
+    auto rc = fsdp_step(fsdp_c, c, opt_c, stepper_c, "FullyShard (" + stepper_c.optimizer_path() + ")");
+    // torch's rule (growth_interval 2, backoff 0.5, growth 2).
+    if (who >= 0) {
+      expect_scale *= 0.5, tracker = 0, ++skipped;
+    } else if (++tracker == 2) {
+      expect_scale *= 2.0, tracker = 0;
+    }
+    for (const auto* r : {&ra, &rb, &rc})
+      check(r->skipped() == (who >= 0), "step " + str(i) + ": skipped " + str(r->skipped()) + " on rank " + str(rank) +
+                                            ", expected " + str(who >= 0) + " (poisoned by rank " + str(who) + ")");
+    for (const auto* s : {&stepper_a.scaler(), &stepper_b.scaler(), &stepper_c.scaler()})
+      check(s->get_scale() == expect_scale, "step " + str(i) + ": scale " + std::to_string(s->get_scale()) +
+                                                ", expected " + std::to_string(expect_scale));
+    check(bitwise ? torch::equal(la.detach(), rb.loss) : torch::allclose(la.detach(), rb.loss, 1e-5, 1e-6),
+          "step " + str(i) + ": loss differs from DataParallel's");
+    const auto pa = a->parameters();
+    const auto pb = fsdp_b.parameters();
+    const auto pc = fsdp_c.parameters();
+    for (size_t k = 0; k < pa.size(); ++k) {
+      const auto mine = my_rows(pa[k].detach(), rank, world);
+      if (mine.numel() == 0) continue;
+      worst = std::max(worst, (mine - pb[k].detach()).abs().max().item<double>());
+      check(bitwise ? torch::equal(mine, pb[k].detach()) : torch::allclose(mine, pb[k].detach(), 1e-5, 1e-5),
+            "step " + str(i) + ": parameter " + fsdp_b.names()[k] + " differs from DataParallel's by " +
+                std::to_string((mine - pb[k].detach()).abs().max().item<double>()));
+      check(torch::allclose(pb[k].detach(), pc[k].detach(), 1e-5, 1e-5),
+            "step " + str(i) + ": parameter " + fsdp_b.names()[k] + " of the fused step differs");
+    }
+  }
+  check(skipped == 2, "the case skipped " + str(skipped) + " steps, expected 2");
+  std::cout << "PASS scaler (" << (bitwise ? "bitwise" : "within 1e-5") << " with DataParallel, largest difference "
+            << worst << "; final scale " << expect_scale << "; fused case: " << stepper_c.optimizer_path() << ")"
+            << std::endl;
+}
+
+void checkpointed(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> param_dtype, const std::string& what) {
+  const int rank = pg.rank();
+  const int64_t steps = 3;
+  fsdp_model::Net a, b, c;  // a: no checkpoint; b: inside each unit; c: around each unit's call
+  b->blocks->apply([](torch::nn::Module& m) {
+    if (auto* block = dynamic_cast<fsdp_model::BlockImpl*>(&m)) block->checkpointed = true;
+  });
+  c->checkpoint_units = true;
+  const auto options = amp::FullyShardOptions().param_dtype(param_dtype);
+  amp::FullyShard fa(pg, *a, a->units, options), fb(pg, *b, b->units, options), fc(pg, *c, c->units, options);
+  a->fsdp = &fa, b->fsdp = &fb, c->fsdp = &fc;
+  torch::optim::AdamW oa(fa.parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW ob(fb.parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW oc(fc.parameters(), torch::optim::AdamWOptions(1e-2));
+  const fsdp_model::Data data(rank, steps);
+  const auto units = fa.unit_bytes();
+  for (int64_t i = 0; i < steps; ++i) {
+    std::vector<torch::Tensor> losses;
+    std::vector<int64_t> gathers;
+    for (auto* run : {&a, &b, &c}) {
+      amp::FullyShard& f = run == &a ? fa : run == &b ? fb : fc;
+      const int64_t before = f.allgathers();
+      f.reset_peak();
+      const auto loss = fsdp_model::loss_of(f.forward(*run, data.x[i]), data.y[i]);
+      loss.backward();
+      losses.push_back(loss.detach());
+      gathers.push_back(f.allgathers() - before);
+      check(f.peak_unsharded_bytes() <= units.back() + units.front(),
+            what + " step " + str(i) + ": peak unsharded " + str(f.peak_unsharded_bytes()) + " > the root and a block");
+      check(f.unsharded_bytes() == 0, what + " step " + str(i) + ": a unit left gathered after backward");
+    }
+    check(gathers[1] == gathers[0] && gathers[2] == gathers[0], what + " step " + str(i) + ": all-gathers " +
+                                                                    str(gathers[0]) + " / " + str(gathers[1]) + " / " +
+                                                                    str(gathers[2]) + " without / inside / around");
+    for (size_t k = 1; k < 3; ++k)
+      check(torch::equal(losses[0], losses[k]), what + " step " + str(i) + ": loss " + str(int64_t(k)) + " differs");
+    const auto pa = fa.parameters(), pb = fb.parameters(), pc = fc.parameters();
+    for (size_t k = 0; k < pa.size(); ++k) {
+      check(torch::equal(pa[k].grad(), pb[k].grad()) && torch::equal(pa[k].grad(), pc[k].grad()),
+            what + " step " + str(i) + ": gradient of " + fa.names()[k] + " differs under checkpointing");
+    }
+    for (auto* o : {&oa, &ob, &oc}) o->step(), o->zero_grad();
+    for (size_t k = 0; k < pa.size(); ++k)
+      check(torch::equal(pa[k], pb[k]) && torch::equal(pa[k], pc[k]),
+            what + " step " + str(i) + ": shard of " + fa.names()[k] + " differs under checkpointing");
+  }
+}
+
+// Losses of `steps` steps of a Trainer<P> on `net` (under FullyShard when
+// `fsdp`, else DataParallel), and this rank's rows of every parameter after each.
+template <class P>
+std::pair<std::vector<torch::Tensor>, std::vector<std::vector<torch::Tensor>>> trainer_run(const amp::ProcessGroup& pg,
+                                                                                           bool sharded,
+                                                                                           const amp::PrecisionMap& map,
+                                                                                           int64_t steps) {
+  const int rank = pg.rank(), world = pg.world_size();
+  fsdp_model::Net net;
+  std::optional<amp::FullyShard> fsdp;
+  std::optional<amp::DataParallel> dp;
+  std::vector<torch::Tensor> params = net->parameters();
+  if (sharded) {
+    fsdp.emplace(pg, *net, net->units);
+    net->fsdp = &*fsdp;
+    params = fsdp->parameters();
+  }
+  torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  amp::Trainer<P, amp::CPU> trainer(net, opt,
+                                    amp::TrainerOptions()
+                                        .progress(false)
+                                        .step(amp::StepOptions().fused(false))
+                                        .region(amp::RegionOptions().precision_map(map)));
+  if (sharded) {
+    trainer.stepper().set_gradient_sync(&*fsdp);
+  } else {
+    dp.emplace(pg, net->parameters());
+    trainer.stepper().set_gradient_sync(&*dp);
+  }
+  const fsdp_model::Data data(rank, steps);
+  std::vector<torch::Tensor> losses;
+  std::vector<std::vector<torch::Tensor>> shards;
+  for (int64_t i = 0; i < steps; ++i) {
+    const auto r = trainer.step([&](auto&) {
+      return fsdp_model::loss_of(sharded ? fsdp->forward(net, data.x[i]) : net->forward(data.x[i]), data.y[i]);
+    });
+    losses.push_back(r.loss);
+    shards.emplace_back();
+    for (const auto& p : sharded ? fsdp->parameters() : net->parameters())
+      shards.back().push_back(sharded ? p.detach().clone() : my_rows(p.detach(), rank, world).clone());
+  }
+  return {losses, shards};
+}
+
+void autocast() {
+  auto pg = init();
+  // At 3 processes the fp32 gradient sums differ in the last bit (DataParallel
+  // multiplies by 1/3 before summing, FullyShard divides the sum), and a
+  // weight that then rounds to the other bf16 neighbour in the next forward
+  // carries a bf16 ulp (2^-8 relative) on: a bf16 tolerance there.
+  const bool bitwise = pg.world_size() <= 2;
+  const double rtol = 1e-2, atol = 1e-3;
+  const int64_t steps = 4;
+  using Bf16 = amp::Mixed<amp::bf16, amp::NoScaler>;
+  const auto fp32 = trainer_run<amp::True<amp::fp32>>(pg, true, amp::PrecisionMap(), steps);
+  double worst = 0.0;
+  for (const bool mapped : {false, true}) {
+    const std::string what = mapped ? "bf16 autocast + precision map" : "bf16 autocast";
+    amp::PrecisionMap map;
+    if (mapped) map.path("blocks.0.fc1", amp::ModulePrecision::kFp32);
+    const auto dp = trainer_run<Bf16>(pg, false, map, steps);
+    const auto fs = trainer_run<Bf16>(pg, true, map, steps);
+    check(!torch::equal(fs.first[0], fp32.first[0]), what + ": the first loss equals fp32's: no autocast");
+    for (int64_t i = 0; i < steps; ++i) {
+      const auto& a = dp.first[static_cast<size_t>(i)];
+      const auto& b = fs.first[static_cast<size_t>(i)];
+      check(bitwise ? torch::equal(a, b) : torch::allclose(a, b, rtol, atol),
+            what + " step " + str(i) + ": loss differs from DataParallel's");
+      const auto& pa = dp.second[static_cast<size_t>(i)];
+      const auto& pb = fs.second[static_cast<size_t>(i)];
+      for (size_t k = 0; k < pa.size(); ++k) {
+        if (pa[k].numel() == 0) continue;
+        worst = std::max(worst, (pa[k] - pb[k]).abs().max().item<double>());
+        check(bitwise ? torch::equal(pa[k], pb[k]) : torch::allclose(pa[k], pb[k], rtol, atol),
+              what + " step " + str(i) + ": parameter " + str(static_cast<int64_t>(k)) +
+                  " differs from DataParallel's by " + std::to_string((pa[k] - pb[k]).abs().max().item<double>()));
+      }
+    }
+    if (mapped) {
+      const auto plain = trainer_run<Bf16>(pg, true, amp::PrecisionMap(), 1);
+      check(!torch::equal(fs.first[0], plain.first[0]), what + ": the first loss equals the unmapped one: no map");
+    }
+  }
+  std::cout << "PASS autocast (" << (bitwise ? "bitwise" : "within rtol 1e-2, atol 1e-3")
+            << " with DataParallel, largest difference " << worst << ")" << std::endl;
+}
+
 void expect_error(const std::function<void()>& f, const std::string& start, const std::string& what) {
   try {
     f();
@@ -238,20 +511,25 @@ void errors() {
                "a module that is not a unit");
   expect_error([&] { fsdp.clip_grad_norm(-1.0); }, "amp: FullyShard::clip_grad_norm: max_norm must be >= 0",
                "a negative max_norm");
-  // What would see one shard only is refused: the Stepper's clipping, a loss
-  // scaler's per-process skip decision, a Trainer's save().
+  // What would see one shard only is refused: the Stepper's clipping, a
+  // Trainer's save() (a loss scaler is served: the "scaler" case).
   torch::optim::AdamW opt(fsdp.parameters(), torch::optim::AdamWOptions(1e-2));
   amp::Stepper<amp::NoScaler> clipping(opt, amp::StepOptions().max_grad_norm(1.0));
   expect_error([&] { clipping.set_gradient_sync(&fsdp); },
                "amp: StepOptions::max_grad_norm would see only this process's shards under FullyShard",
                "the Stepper's own clipping");
-  amp::Stepper<amp::DynamicScaler> scaled(opt);
-  expect_error([&] { scaled.set_gradient_sync(&fsdp); },
-               "amp: a loss scaler's skip decision would see only this process's shards", "a loss scaler");
   amp::Trainer<amp::True<amp::fp32>, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
   trainer.stepper().set_gradient_sync(&fsdp);
   expect_error([&] { trainer.save("/nonexistent-dir/never-written.pt"); },
                "amp: Trainer::save would see only this process's shards", "Trainer::save");
+  // A Trainer<True<fp32>> converts FullyShard's bf16 unsharded parameters: an amp: error at the next gather.
+  fsdp_model::Net converted;
+  amp::FullyShard bf16(pg, *converted, converted->units, amp::FullyShardOptions().param_dtype(at::kBFloat16));
+  converted->fsdp = &bf16;
+  torch::optim::AdamW opt16(bf16.parameters(), torch::optim::AdamWOptions(1e-2));
+  amp::Trainer<amp::True<amp::fp32>, amp::CPU> converting(converted, opt16, amp::TrainerOptions().progress(false));
+  expect_error([&] { bf16.forward(converted, data.x[0]); }, "amp: FullyShard: parameter 'ln_f.weight' is Float",
+               "a module converted after FullyShard");
   // Nothing changed: the model still trains.
   const auto loss = fsdp_model::loss_of(fsdp.forward(net, data.x[0]), data.y[0]);
   loss.backward();
@@ -313,6 +591,15 @@ int main(int argc, char** argv) {
       vs_dp(2, false);
     } else if (test_case::name == "clip") {
       vs_dp(1, true);
+    } else if (test_case::name == "scaler") {
+      scaler();
+    } else if (test_case::name == "checkpoint") {
+      auto pg = init();
+      checkpointed(pg, std::nullopt, "fp32");
+      checkpointed(pg, at::kBFloat16, "bf16");
+      std::cout << "PASS checkpoint" << std::endl;
+    } else if (test_case::name == "autocast") {
+      autocast();
     } else if (test_case::name == "errors") {
       errors();
     } else if (test_case::name == "die" && a.size() == 3) {

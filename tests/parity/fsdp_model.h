@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "amp/distributed/fully_shard.h"
+#include "amp/train/activation_checkpoint.h"
 #include "parity_io.h"
 
 namespace fsdp_model {
@@ -26,11 +27,16 @@ struct BlockImpl : torch::nn::Module {
         fc1(register_module("fc1", torch::nn::Linear(kWidth, kHidden))),
         fc2(register_module("fc2", torch::nn::Linear(kHidden, kWidth))) {}
   torch::Tensor forward(const torch::Tensor& x) {
+    if (checkpointed) return amp::checkpoint([this](const std::vector<torch::Tensor>& in) { return body(in[0]); }, {x});
+    return body(x);
+  }
+  torch::Tensor body(const torch::Tensor& x) {
     const auto h = torch::layer_norm(x, {kWidth}, ln->weight, ln->bias, 1e-5);
     return x + torch::linear(torch::gelu(torch::linear(h, fc1->weight, fc1->bias)), fc2->weight, fc2->bias);
   }
   torch::nn::LayerNorm ln;
   torch::nn::Linear fc1, fc2;
+  bool checkpointed = false;  // the body under amp::checkpoint (inside the unit)
 };
 TORCH_MODULE(Block);
 
@@ -49,7 +55,12 @@ struct NetImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) {
     for (auto& b : units) {
       Block block(std::dynamic_pointer_cast<BlockImpl>(b));
-      x = fsdp != nullptr ? fsdp->forward(block, x) : block->forward(x);
+      auto call = [this, block](const torch::Tensor& in) mutable {
+        return fsdp != nullptr ? fsdp->forward(block, in) : block->forward(in);
+      };
+      x = checkpoint_units
+              ? amp::checkpoint([call](const std::vector<torch::Tensor>& in) mutable { return call(in[0]); }, {x})
+              : call(x);
     }
     x = torch::layer_norm(x, {kWidth}, ln_f->weight, ln_f->bias, 1e-5);
     return torch::linear(x, head->weight, head->bias);
@@ -59,6 +70,7 @@ struct NetImpl : torch::nn::Module {
   torch::nn::Linear head;
   std::vector<std::shared_ptr<torch::nn::Module>> units;  // the blocks
   amp::FullyShard* fsdp = nullptr;
+  bool checkpoint_units = false;  // each unit's call under amp::checkpoint (around the unit)
 };
 TORCH_MODULE(Net);
 

@@ -183,8 +183,16 @@ class FullyShard : public GradientSync {
                   "the root's forward through FullyShard::forward so that its end is seen");
   }
   // The Stepper, Trainer and Fabric refuse what would see one shard only
-  // (their own clipping, a loss scaler, save()): gradient_sync.h.
+  // (their own clipping, save()): gradient_sync.h.
   bool shards_parameters() const override { return true; }
+  // A loss scaler's found-inf flag, the largest over the ranks: every rank
+  // skips or steps together and keeps one scale (torch's ShardedGradScaler
+  // sums instead; the decisions are the same, and a flag of 0 or 1 is what
+  // the fused optimizer kernels expect). The Stepper and Fabric install it
+  // in their scaler; by hand: scaler.set_found_inf_sync([&](at::Tensor& f) { fsdp.all_reduce_found_inf(f); }).
+  void all_reduce_found_inf(at::Tensor& found_inf) override {
+    if (pg_.world_size() > 1) pg_.allreduce_max(found_inf, "FullyShard found-inf all-reduce");
+  }
 
   // Bytes this rank holds: the padded shards; the sharded gradients; the
   // unsharded parameters now, and their most since reset_peak().
@@ -222,6 +230,11 @@ class FullyShard : public GradientSync {
   // All-gathers and reduce-scatters issued so far.
   int64_t allgathers() const { return allgathers_; }
   int64_t reduce_scatters() const { return reduce_scatters_; }
+  // Their buffers' bytes so far: each all-gather's output (every rank's
+  // padded shards in the compute dtype) and each reduce-scatter's input
+  // (world_size() rows in reduce_dtype). A ring sends (N-1)/N of these per rank.
+  int64_t allgathered_bytes() const { return allgathered_bytes_; }
+  int64_t reduce_scattered_bytes() const { return reduce_scattered_bytes_; }
 
   const ProcessGroup& process_group() const { return pg_; }
   const FullyShardOptions& options() const { return options_; }
@@ -364,7 +377,9 @@ class FullyShard : public GradientSync {
       in_root_forward_ = true;
       reshard(u);  // stale after a step: gathered again
     } else {
-      TORCH_CHECK(in_root_forward_,
+      // In the root's backward: a recompute (amp::checkpoint around the
+      // unit's call), which gathers the unit (or finds it gathered).
+      TORCH_CHECK(in_root_forward_ || callback_queued_,
                   "amp: FullyShard::forward: a unit ran outside the root's forward; call the root "
                   "as fsdp.forward(root, ...) and the units inside it");
     }
@@ -373,6 +388,9 @@ class FullyShard : public GradientSync {
 
   template <class R>
   R post_forward(detail::ShardUnit& u, R out) {
+    // A recompute in backward (as FSDP2's forward in PRE_BACKWARD): the unit
+    // stays gathered until its gradients are reduce-scattered; no hook.
+    if (!u.root && !in_root_forward_) return out;
     const bool grad = at::GradMode::is_enabled();
     if (!u.root && (options_.reshard_after_forward() || !grad)) reshard(u);
     if (u.root) {
@@ -467,6 +485,7 @@ class FullyShard : public GradientSync {
     else
       out.copy_(in);
     ++reduce_scatters_;
+    if (world > 1) reduce_scattered_bytes_ += static_cast<int64_t>(in.nbytes());
     in = at::Tensor();
     if (out.scalar_type() != param_dtype()) out = out.to(param_dtype());
     int64_t off = 0;
@@ -522,11 +541,16 @@ class FullyShard : public GradientSync {
       out = at::empty({world * total}, in.options());
       pg_.allgather_into(out, in, "FullyShard all-gather");
       ++allgathers_;
+      allgathered_bytes_ += static_cast<int64_t>(out.nbytes());
     }
     off = 0;
     for (size_t i : u.params) {
       auto& p = params_[i];
       const auto& l = p.layout;
+      TORCH_CHECK(p.module_param.scalar_type() == compute_dtype(), "amp: FullyShard: parameter '", p.name, "' is ",
+                  p.module_param.scalar_type(), " where FullyShard keeps it in ", compute_dtype(),
+                  ": the module was converted after FullyShard took it (a Trainer<True<...>> converts its model); "
+                  "with param_dtype set, drive FullyShard with a Stepper");
       alloc_storage(p);
       at::Tensor dst = at::from_blob(p.module_param.data_ptr(), {l.numel()}, in.options());
       for (int r = 0; r < world; ++r) {
@@ -579,6 +603,8 @@ class FullyShard : public GradientSync {
   int64_t peak_unsharded_bytes_ = 0;
   int64_t allgathers_ = 0;
   int64_t reduce_scatters_ = 0;
+  int64_t allgathered_bytes_ = 0;
+  int64_t reduce_scattered_bytes_ = 0;
 };
 
 }  // namespace amp

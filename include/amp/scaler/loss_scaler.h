@@ -12,6 +12,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <type_traits>
@@ -98,6 +99,7 @@ class LossScalerBase {
     // we carry out the reciprocal in FP64."
     const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
     state.found_inf_per_device = unscale_grads(optimizer, inv_scale);
+    sync_found_infs(state);
     state.stage = OptState::kUnscaled;
   }
 
@@ -153,6 +155,7 @@ class LossScalerBase {
     at::Tensor grad_scale;
     if (state.stage == OptState::kReady) {
       state.found_inf_per_device = unscale_grads(optimizer, at::ones({}, scale_.options()));
+      sync_found_infs(state);
       grad_scale = scale_;
     }
     TORCH_CHECK(!state.found_inf_per_device.empty(), "No inf checks were recorded for this optimizer.");
@@ -194,6 +197,16 @@ class LossScalerBase {
   // amp extension: forgets this iteration's unscale_/step records without
   // touching the scale, as after an aborted step (a failed capture).
   void discard_iteration() { reset_optimizer_states(); }
+
+  // amp extension: a function that sums each optimizer's found-inf flags
+  // over the processes in place (an all-reduce), run after every check of
+  // its gradients (unscale_, and the fused step's check), as torch's
+  // ShardedGradScaler does in unscale_: processes that hold shards of the
+  // gradients then make one skip decision and keep one scale. An optimizer
+  // without gradients on this process still takes part, with a zero flag on
+  // the scale's device. nullptr (the default): no such step. The Stepper and
+  // Fabric install it under a GradientSync that shards parameters (FullyShard).
+  void set_found_inf_sync(std::function<void(at::Tensor&)> sync) { found_inf_sync_ = std::move(sync); }
 
  protected:
   LossScalerBase(bool enabled, double init_scale) : enabled_(enabled), init_scale_(init_scale) {}
@@ -316,8 +329,18 @@ class LossScalerBase {
     return found_inf_per_device;
   }
 
+  // After a check of one optimizer's gradients: each flag all-reduced (the
+  // zero flag of an optimizer with no gradient here first), when a sync is set.
+  void sync_found_infs(PerOptimizerState& state) {
+    if (!found_inf_sync_) return;
+    if (state.found_inf_per_device.empty())
+      state.found_inf_per_device.emplace_back(scale_.device(), at::zeros({}, scale_.options()));
+    for (auto& device_and_flag : state.found_inf_per_device) found_inf_sync_(device_and_flag.second);
+  }
+
   std::map<const torch::optim::Optimizer*, PerOptimizerState> states_;
   at::Tensor last_found_inf_;
+  std::function<void(at::Tensor&)> found_inf_sync_;
 };
 
 }  // namespace amp

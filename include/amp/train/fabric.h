@@ -228,9 +228,7 @@ class Fabric {
       if (part->max_grad_norm() > 0.0)
         detail::check_not_sharded(sync, "an optimizer's max_grad_norm",
                                   "clip with fsdp.clip_grad_norm(max_norm) after backward and leave it at 0");
-    if constexpr (detail::uses_loss_scaling_v<scaler_type>)
-      detail::check_not_sharded(sync, "a loss scaler's skip decision",
-                                "train with bf16 or fp32: one skip decision across processes is not there yet");
+    if constexpr (detail::uses_loss_scaling_v<scaler_type>) detail::connect_found_inf(scaler_, sync);
     sync_ = sync;
   }
   GradientSync* gradient_sync() const { return sync_; }

@@ -16,7 +16,12 @@
 // amp/train/cross_process.h.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+
+#include <functional>
+#include <type_traits>
+#include <utility>
 
 namespace amp {
 
@@ -26,10 +31,15 @@ class GradientSync {
   virtual void begin_backward(bool boundary) = 0;
   virtual void finish_backward() = 0;
   // True where each process holds only a shard of the parameters and their
-  // gradients (FullyShard): the Stepper's own clipping, a loss scaler's
-  // per-process skip decision and a Trainer's or Fabric's save() would then
-  // see one shard, so they refuse it with an amp: error.
+  // gradients (FullyShard): the Stepper's own clipping and a Trainer's or
+  // Fabric's save() would then see one shard, so they refuse it with an amp:
+  // error; a loss scaler's found-inf flags go through all_reduce_found_inf.
   virtual bool shards_parameters() const { return false; }
+  // Where shards_parameters(): sums a loss scaler's found-inf flag (fp32)
+  // over the processes in place, so that every process makes one skip
+  // decision (torch's ShardedGradScaler). Otherwise every process already
+  // checks the same averaged gradients: nothing to do.
+  virtual void all_reduce_found_inf(at::Tensor& /*found_inf*/) {}
 };
 
 namespace detail {
@@ -37,6 +47,33 @@ namespace detail {
 inline void check_not_sharded(const GradientSync* sync, const char* what, const char* instead) {
   TORCH_CHECK(sync == nullptr || !sync->shards_parameters(), "amp: ", what,
               " would see only this process's shards under FullyShard; ", instead);
+}
+
+template <class S, class = void>
+struct has_found_inf_sync : std::false_type {};
+template <class S>
+struct has_found_inf_sync<
+    S, std::void_t<decltype(std::declval<S&>().set_found_inf_sync(std::function<void(at::Tensor&)>()))>>
+    : std::true_type {};
+
+// A Stepper's or Fabric's set_gradient_sync, for its loss scaler: under a
+// GradientSync that shards parameters, the scaler's found-inf flags go
+// through sync->all_reduce_found_inf (one skip decision on every process);
+// otherwise (or with sync nullptr) no such step. A scaler without
+// set_found_inf_sync (a user's own) is refused under a sharding one.
+template <class Scaler>
+void connect_found_inf(Scaler& scaler, GradientSync* sync) {
+  const bool sharded = sync != nullptr && sync->shards_parameters();
+  if constexpr (has_found_inf_sync<Scaler>::value) {
+    if (sharded)
+      scaler.set_found_inf_sync([sync](at::Tensor& found_inf) { sync->all_reduce_found_inf(found_inf); });
+    else
+      scaler.set_found_inf_sync(nullptr);
+  } else {
+    check_not_sharded(sync, "a loss scaler's skip decision",
+                      "use amp::DynamicScaler or amp::StaticScaler, whose found-inf flags are all-reduced "
+                      "(set_found_inf_sync), or train with bf16 or fp32");
+  }
 }
 }  // namespace detail
 

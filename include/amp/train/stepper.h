@@ -215,10 +215,7 @@ class Stepper {
       detail::check_not_sharded(sync, "StepOptions::max_grad_norm",
                                 "clip with fsdp.clip_grad_norm(max_norm) between backward and "
                                 "stepper.finish_step(loss), and leave max_grad_norm at 0");
-    if constexpr (detail::uses_loss_scaling_v<Scaler>)
-      detail::check_not_sharded(sync, "a loss scaler's skip decision",
-                                "train with bf16 or fp32 (Mixed<bf16, NoScaler>, True<fp32>): one skip decision "
-                                "across processes (torch's ShardedGradScaler) is not there yet");
+    if constexpr (detail::uses_loss_scaling_v<Scaler>) detail::connect_found_inf(scaler_, sync);
     sync_ = sync;
   }
   GradientSync* gradient_sync() const { return sync_; }
