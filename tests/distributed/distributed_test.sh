@@ -98,6 +98,17 @@ case "$group" in
       done
     done
     ;;
+  fully_shard_ckpt)
+    # BIN is fully_shard_ckpt_cases: FullyShard's checkpoints. Train k, save,
+    # train k; fresh processes load and train k: bitwise at the same world
+    # size (2 and 3), loaded and trained on at another (1..4); a consolidated
+    # file also loads into a plain Trainer.
+    for n in 2 3; do
+      run "$n" train "$work/c$n.pt" 3 consolidated
+      run "$n" resume "$work/c$n.pt" 3
+    done
+    for n in 1 4; do run "$n" resume "$work/c2.pt" 3; done
+    ;;
   faults)
     export AMP_DP_TIMEOUT_MS=5000
     # One of 3 dies mid-run (SIGKILL) / stops (SIGSTOP): the others fail with
