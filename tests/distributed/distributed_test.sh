@@ -100,14 +100,35 @@ case "$group" in
     ;;
   fully_shard_ckpt)
     # BIN is fully_shard_ckpt_cases: FullyShard's checkpoints. Train k, save,
-    # train k; fresh processes load and train k: bitwise at the same world
-    # size (2 and 3), loaded and trained on at another (1..4); a consolidated
-    # file also loads into a plain Trainer.
-    for n in 2 3; do
-      run "$n" train "$work/c$n.pt" 3 consolidated
-      run "$n" resume "$work/c$n.pt" 3
+    # train k; fresh processes load and train k: bitwise at the saved world
+    # size (2 and 3), loaded and trained on at another (re-sharded); a
+    # consolidated file also loads into a plain Trainer.
+    for kind in consolidated sharded; do
+      for n in 2 3; do
+        run "$n" train "$work/$kind$n.pt" 3 "$kind"
+        run "$n" resume "$work/$kind$n.pt" 3
+      done
     done
-    for n in 1 4; do run "$n" resume "$work/c2.pt" 3; done
+    run 1 resume "$work/consolidated2.pt" 3
+    run 4 resume "$work/consolidated3.pt" 3
+    run 3 resume "$work/sharded2.pt" 3
+    run 2 resume "$work/sharded3.pt" 3
+    mkdir -p "$work/bad"; run 2 bad "$work/bad"
+    # The last of 3 killed / stopped where it should join a save: both
+    # survivors fail within the timeout, the checkpoint before it is intact
+    # with no temporary file beside it, and a restart from it at 3 continues bitwise.
+    for spec in "kill consolidated" "stop sharded"; do
+      set -- $spec
+      out="$work/save_$1.txt" path="$work/die_$1.pt"
+      AMP_DP_TIMEOUT_MS=5000 "$launch" -n 3 --grace 8 -- "$bin" die "$path" 2 "$2" "$1" >"$out" 2>&1
+      cat "$out"
+      if [ "$(grep -c '^\[[01]\] PASS die' "$out")" -eq 2 ]; then
+        echo "ok: die $1 in a $2 save"
+      else
+        echo "FAIL: die $1 in a $2 save"; fails=$((fails + 1))
+      fi
+      run 3 resume "$path" 2
+    done
     ;;
   faults)
     export AMP_DP_TIMEOUT_MS=5000

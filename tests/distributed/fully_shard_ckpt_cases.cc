@@ -10,9 +10,10 @@
 //                        process): this rank's shards and state must be its rows
 //                        of it, bitwise; after K more steps, at the saved world
 //                        size, every shard and the state bitwise the uninterrupted run's
-//   bad PATH WHAT        a checkpoint that does not fit (WHAT: model, policy, missing,
-//                        damaged, stale): an amp: error naming the file, nothing changed
-//   die PATH K HOW       as train, then a second save the last rank never joins
+//   bad DIR              checkpoints that do not fit (another model or policy; a missing,
+//                        damaged or stale rank file): an amp: error naming the file on
+//                        every rank, nothing changed
+//   die PATH K KIND HOW  as train, then a second save the last rank never joins
 //                        (killed or stopped): the survivors' amp: error within the
 //                        timeout, the first checkpoint byte for byte, no temporary file
 #include <torch/torch.h>
@@ -22,8 +23,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,19 +105,27 @@ struct Run {
   }
 };
 
-void train(const std::string& path, int64_t k, const std::string& kind) {
-  Run run(init(), 2 * k);
+// k steps, a checkpoint at `path`, k more; each rank records its shards and
+// state at the save and after (and its generator at the save), rank 0 the
+// world size and the kind: what resume compares with.
+void train_save_train(Run& run, const std::string& path, int64_t k, const std::string& kind) {
   run.train(k);
   amp::save_fully_sharded(*run.trainer, path, kind_of(kind));
-  torch::save(run.state_bits(), path + ".at_save." + std::to_string(run.pg.rank()));
-  torch::save(amp::detail::cpu_rng_state(), path + ".rng." + std::to_string(run.pg.rank()));
+  const std::string rank = std::to_string(run.pg.rank());
+  torch::save(run.state_bits(), path + ".at_save." + rank);
+  torch::save(amp::detail::cpu_rng_state(), path + ".rng." + rank);
   run.train(k);
-  torch::save(run.state_bits(), path + ".final." + std::to_string(run.pg.rank()));
+  torch::save(run.state_bits(), path + ".final." + rank);
   if (run.pg.rank() == 0) {
     std::ofstream(path + ".world") << run.pg.world_size();
     std::ofstream(path + ".kind") << kind;
   }
   run.pg.barrier();
+}
+
+void train(const std::string& path, int64_t k, const std::string& kind) {
+  Run run(init(), 2 * k);
+  train_save_train(run, path, k, kind);
   std::cout << "PASS train " << kind << " world " << run.pg.world_size() << std::endl;
 }
 
@@ -178,6 +189,131 @@ void resume(const std::string& path, int64_t k) {
             << std::endl;
 }
 
+// The message of f()'s amp: error ("" when it does not throw).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+// A Trainer of `Policy` over a one-Linear model (another model than Run's), saved collectively at `path`.
+template <class P>
+void save_other(const amp::ProcessGroup& pg, const std::string& path, amp::FullyShardCheckpoint kind, bool same_net) {
+  fsdp_model::Net net;
+  torch::nn::Linear lin(5, 3);
+  std::unique_ptr<amp::FullyShard> fsdp =
+      same_net ? std::make_unique<amp::FullyShard>(pg, *net, net->units)
+               : std::make_unique<amp::FullyShard>(pg, *lin, std::vector<std::shared_ptr<torch::nn::Module>>{});
+  torch::optim::AdamW opt(fsdp->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  std::unique_ptr<amp::Trainer<P, amp::CPU>> trainer =
+      same_net ? std::make_unique<amp::Trainer<P, amp::CPU>>(net, opt, amp::TrainerOptions().progress(false))
+               : std::make_unique<amp::Trainer<P, amp::CPU>>(lin, opt, amp::TrainerOptions().progress(false));
+  trainer->stepper().set_gradient_sync(fsdp.get());
+  amp::save_fully_sharded(*trainer, path, kind);
+}
+
+// Checkpoints that do not fit: every rank gets an amp: error naming the
+// file, and nothing changes (the shards, their state, the step; it trains on).
+void bad(const std::string& dir) {
+  Run run(init(), 4);
+  const int rank = run.pg.rank();
+  run.train(2);
+  const std::string set = dir + "/set.pt", other_set = dir + "/other_set.pt", other = dir + "/other.pt",
+                    bf16 = dir + "/bf16.pt";
+  amp::save_fully_sharded(*run.trainer, set, amp::FullyShardCheckpoint::kSharded);
+  const torch::Tensor before = run.state_bits();
+  // Rank 1's file of the set, as the manifest names it.
+  std::string rank1;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string n = e.path().string();
+    if (n.rfind(set + ".", 0) == 0 && n.size() > 6 && n.compare(n.size() - 6, 6, ".rank1") == 0) rank1 = n;
+  }
+  check(!rank1.empty(), "no rank 1 file beside the manifest");
+  auto expect = [&](const std::string& what, const std::string& file, const std::string& needle) {
+    const std::string msg = error_of([&] { amp::load_fully_sharded(*run.trainer, file); });
+    check(msg.rfind("amp: ", 0) == 0 && msg.find(needle) != std::string::npos,
+          what + ": expected an amp: error naming '" + needle + "', got '" + msg + "'");
+    check(torch::equal(run.state_bits(), before) && run.trainer->steps() == 2, what + ": the trainer changed");
+    if (rank == 0) std::cout << what << ": " << msg.substr(0, msg.find('\n')).substr(0, 160) << std::endl;
+  };
+  const std::string good = test_case::file_bytes(rank1);
+  auto put = [&](const std::string& bytes) {
+    run.pg.barrier();
+    if (rank == 1) std::ofstream(rank1, std::ios::binary) << bytes;
+    run.pg.barrier();
+  };
+  // Missing, damaged and stale (another save's) rank files.
+  run.pg.barrier();
+  if (rank == 1) std::filesystem::rename(rank1, rank1 + ".away");
+  run.pg.barrier();
+  expect("missing", set, rank1);
+  run.pg.barrier();
+  if (rank == 1) std::filesystem::rename(rank1 + ".away", rank1);
+  std::string damaged = good;
+  damaged[damaged.size() / 2] = static_cast<char>(damaged[damaged.size() / 2] ^ 0x10);
+  put(damaged);
+  expect("damaged", set, rank1);
+  amp::save_fully_sharded(*run.trainer, other_set, amp::FullyShardCheckpoint::kSharded);
+  std::string stale;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string n = e.path().string();
+    if (n.rfind(other_set + ".", 0) == 0 && n.compare(n.size() - 6, 6, ".rank1") == 0) stale = test_case::file_bytes(n);
+  }
+  put(stale);
+  expect("stale", set, rank1);
+  put(good);
+  // Another model, sharded and consolidated; another policy.
+  save_other<Policy>(run.pg, other_set, amp::FullyShardCheckpoint::kSharded, false);
+  expect("another model (sharded)", other_set, other_set);
+  save_other<Policy>(run.pg, other, amp::FullyShardCheckpoint::kConsolidated, false);
+  expect("another model (consolidated)", other, other);
+  save_other<amp::Mixed<amp::bf16, amp::NoScaler>>(run.pg, bf16, amp::FullyShardCheckpoint::kConsolidated, true);
+  expect("another policy", bf16, "bf16-mixed");
+  // The set as it was still loads, and training goes on.
+  amp::load_fully_sharded(*run.trainer, set);
+  check(torch::equal(run.state_bits(), before), "the set does not load back");
+  run.train(1);
+  check(run.trainer->steps() == 3 && !torch::equal(run.state_bits().narrow(0, 0, before.numel()), before),
+        "no training after the failed loads");
+  std::cout << "PASS bad" << std::endl;
+}
+
+// As train (a checkpoint at step k, the uninterrupted run recorded at 2k),
+// then a second save to the same path that the last rank never joins (killed
+// or stopped): both survivors get an amp: error within the timeout, the first
+// checkpoint is there byte for byte (every file of a sharded set), and no
+// temporary file is left; resume then continues from it bitwise.
+void die(const std::string& path, int64_t k, const std::string& kind, const std::string& how) {
+  Run run(init(), 2 * k);
+  train_save_train(run, path, k, kind);
+  const std::string dir = path.substr(0, path.find_last_of('/') + 1);
+  auto snapshot = [&] {
+    std::map<std::string, std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      const std::string n = e.path().string();
+      if (n == path || n.rfind(path + ".", 0) == 0) files[n] = test_case::file_bytes(n);
+    }
+    return files;
+  };
+  const auto before = snapshot();
+  if (run.pg.rank() == run.pg.world_size() - 1) {
+    std::cout << "rank " << run.pg.rank() << " " << how << " before the checkpoint" << std::endl;
+    std::raise(how == "kill" ? SIGKILL : SIGSTOP);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = error_of([&] { amp::save_fully_sharded(*run.trainer, path, kind_of(kind)); });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  check(msg.rfind("amp: ", 0) == 0, "expected an amp: error, got '" + msg + "'");
+  check(secs < test_case::timeout().count() / 1000.0 + 0.5, "took " + std::to_string(secs) + " s");
+  check(snapshot() == before, "the first checkpoint's files changed");
+  test_case::check_no_temp_file(path);
+  std::cout << "PASS die after " << secs << " s: " << msg.substr(0, msg.find('\n')).substr(0, 120) << std::endl;
+  std::exit(3);  // a failed rank: tools/launch ends the stopped one
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,6 +326,10 @@ int main(int argc, char** argv) {
       train(a[1], std::stoll(a[2]), a[3]);
     } else if (a[0] == "resume" && a.size() == 3) {
       resume(a[1], std::stoll(a[2]));
+    } else if (a[0] == "bad" && a.size() == 2) {
+      bad(a[1]);
+    } else if (a[0] == "die" && a.size() == 5) {
+      die(a[1], std::stoll(a[2]), a[3], a[4]);
     } else {
       fail("unknown case or arguments");
     }

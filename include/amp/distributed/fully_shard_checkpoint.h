@@ -42,6 +42,7 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -506,6 +507,22 @@ inline std::string rng_prefix_in(torch::serialize::InputArchive& archive, int ra
 
 // ---- consolidated ----
 
+inline std::string crc_hex_of(int64_t crc) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%08x", static_cast<unsigned>(crc));
+  return buf;
+}
+
+// A model entry of `source` for parameter `name`: there, fp32, of `shape`.
+inline void check_entry(const std::optional<at::Tensor>& t, at::IntArrayRef shape, const std::string& source,
+                        const std::string& name) {
+  TORCH_CHECK(t && t->defined(), "amp: ", source, " has no 'model/", name,
+              "' for this model: it was written for another model, or is damaged");
+  TORCH_CHECK(t->sizes() == shape && t->scalar_type() == at::kFloat, "amp: ", source, "'s 'model/", name, "' is ",
+              t->toString(), c10::str(t->sizes()), " but this model's is Float", c10::str(shape),
+              ": it was written for another model, or is damaged");
+}
+
 template <class T>
 void save_consolidated(T& trainer, ShardedModel& m, const std::string& path) {
   const ProcessGroup& pg = m.pg();
@@ -583,39 +600,301 @@ void save_consolidated(T& trainer, ShardedModel& m, const std::string& path) {
 }
 
 template <class T>
-void load_consolidated(T& trainer, ShardedModel& m, const std::string& path) {
-  PreparedLoad p;
-  const std::string error = error_of([&] {
-    const std::string source = "checkpoint '" + path + "'";
-    torch::serialize::InputArchive file =
-        open_checkpoint(path, m.pg().device(), std::decay_t<T>::precision_name, "Trainer");
+void load_consolidated(ShardedModel& m, const std::string& path, torch::serialize::InputArchive& file,
+                       PreparedLoad& p) {
+  const std::string source = "checkpoint '" + path + "'";
+  check_header(file, path, std::decay_t<T>::precision_name, "Trainer");
+  torch::serialize::InputArchive model, optim;
+  TORCH_CHECK(file.try_read("model", model) && file.try_read("optimizer", optim), "amp: ", source,
+              " has no model or optimizer: it is damaged");
+  for (size_t i = 0; i < m.names.size(); ++i) {
+    std::optional<at::Tensor> t = read_model_entry(model, m.names[i]);
+    check_entry(t, m.layouts[i].shape, source, m.names[i]);
+    p.rows.push_back(rows_of(*t, m.layouts[i], m.rank));
+  }
+  const std::map<std::string, size_t> keys = state_keys(optim, m.positions, source);
+  // The state fields of each parameter's whole shape become this rank's rows.
+  const std::map<size_t, StateFields> fields = read_state_fields(optim, keys, source);
+  p.archive = rewrite_for_load(file, m, keys, [&](size_t i, const std::string& field) -> std::optional<at::Tensor> {
+    auto f = fields.find(i);
+    if (f == fields.end()) return std::nullopt;
+    auto v = f->second.find(field);
+    if (v == f->second.end() || !elementwise(v->second, m.layouts[i].shape)) return std::nullopt;
+    return rows_of(v->second.toTensor(), m.layouts[i], m.rank);
+  });
+  p.rng_prefix = rng_prefix_in(file, m.rank, m.world);
+}
+
+// ---- sharded ----
+
+inline constexpr int64_t kShardedManifestFormat = 1;
+
+inline std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.good(), "amp: could not open '", path, "'");
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+inline std::string directory_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
+}
+
+// A sharded checkpoint's manifest, read and checked.
+struct Manifest {
+  std::string id, precision, model;
+  int world = 0;
+  std::vector<std::string> files;  // paths (the manifest's directory + the names it holds)
+  std::vector<int64_t> sizes, crcs;
+};
+
+inline bool is_manifest(torch::serialize::InputArchive& archive) {
+  c10::IValue v;
+  return archive.try_read("amp/fully_shard/manifest", v);
+}
+
+inline Manifest read_manifest(torch::serialize::InputArchive& archive, const std::string& path) {
+  Manifest mf;
+  auto get = [&](const std::string& key) {
+    c10::IValue v;
+    TORCH_CHECK(archive.try_read(key, v), "amp: the sharded checkpoint '", path, "' has no '", key, "': it is damaged");
+    return v;
+  };
+  const c10::IValue format = get("amp/fully_shard/manifest");
+  TORCH_CHECK(format.isInt() && format.toInt() == kShardedManifestFormat, "amp: the sharded checkpoint '", path,
+              "' has format ", format, ", this amp reads format ", kShardedManifestFormat);
+  const c10::IValue id = get("amp/fully_shard/id"), precision = get("amp/fully_shard/precision"),
+                    model = get("amp/fully_shard/model"), world = get("amp/fully_shard/world");
+  TORCH_CHECK(id.isString() && precision.isString() && model.isString() && world.isInt() && world.toInt() >= 1,
+              "amp: the sharded checkpoint '", path, "' is damaged (its id, precision, model or world size)");
+  mf.id = id.toStringRef();
+  mf.precision = precision.toStringRef();
+  mf.model = model.toStringRef();
+  mf.world = static_cast<int>(world.toInt());
+  for (int r = 0; r < mf.world; ++r) {
+    const std::string n = std::to_string(r);
+    const c10::IValue file = get("amp/fully_shard/file" + n), size = get("amp/fully_shard/size" + n),
+                      crc = get("amp/fully_shard/crc" + n);
+    TORCH_CHECK(file.isString() && size.isInt() && crc.isInt() && file.toStringRef().find('/') == std::string::npos,
+                "amp: the sharded checkpoint '", path, "' is damaged (rank ", r, "'s file entry)");
+    mf.files.push_back(directory_of(path) + file.toStringRef());
+    mf.sizes.push_back(size.toInt());
+    mf.crcs.push_back(crc.toInt());
+  }
+  return mf;
+}
+
+// Rank r's file of the set: its size and CRC-32 as the manifest says, its
+// id, rank and world size the manifest's.
+inline torch::serialize::InputArchive open_rank_file(const Manifest& mf, int r, const std::string& path,
+                                                     const c10::Device& device) {
+  const std::string& file = mf.files[static_cast<size_t>(r)];
+  std::ifstream probe(file, std::ios::binary);
+  TORCH_CHECK(probe.good(), "amp: the sharded checkpoint '", path, "' lacks rank ", r, "'s file '", file,
+              "'; it was removed, or the set was not copied whole");
+  probe.close();
+  const std::string bytes = file_bytes(file);
+  TORCH_CHECK(static_cast<int64_t>(bytes.size()) == mf.sizes[static_cast<size_t>(r)] &&
+                  static_cast<int64_t>(crc32(0, bytes.data(), bytes.size())) == mf.crcs[static_cast<size_t>(r)],
+              "amp: rank ", r, "'s file '", file, "' of the sharded checkpoint '", path,
+              "' does not match the manifest (", bytes.size(), " bytes, CRC-32 ", crc_hex(bytes),
+              "; the manifest says ", mf.sizes[static_cast<size_t>(r)], " bytes, ",
+              crc_hex_of(mf.crcs[static_cast<size_t>(r)]), "): it is damaged or from another save");
+  torch::serialize::InputArchive a = read_archive(bytes, device, "checkpoint '" + file + "'",
+                                                  "rank " + std::to_string(r) + "'s file of a sharded checkpoint");
+  c10::IValue id, rank, world;
+  TORCH_CHECK(a.try_read("amp/fully_shard/id", id) && a.try_read("amp/fully_shard/rank", rank) &&
+                  a.try_read("amp/fully_shard/world", world) && id.isString() && id.toStringRef() == mf.id &&
+                  rank.isInt() && rank.toInt() == r && world.isInt() && world.toInt() == mf.world,
+              "amp: '", file, "' is not rank ", r, "'s file of the save that the sharded checkpoint '", path,
+              "' names (id ", mf.id, "): a file from another save");
+  return a;
+}
+
+// Every rank's file, or this rank's alone at the saved world size, into `p`.
+template <class T>
+void load_sharded(ShardedModel& m, const std::string& path, torch::serialize::InputArchive& manifest, PreparedLoad& p) {
+  const Manifest mf = read_manifest(manifest, path);
+  const std::string precision = std::decay_t<T>::precision_name;
+  TORCH_CHECK(mf.precision == precision, "amp: the sharded checkpoint '", path, "' was saved under precision \"",
+              mf.precision, "\" but this Trainer's policy is \"", precision,
+              "\"; load it into a Trainer of that policy");
+  TORCH_CHECK(mf.model == m.summary(), "amp: the sharded checkpoint '", path,
+              "' was written for another model (its parameter names and shapes differ from this one's)");
+  const c10::Device device = m.pg().device();
+  const int base_rank = m.rank < mf.world ? m.rank : 0;
+  std::vector<torch::serialize::InputArchive> files(static_cast<size_t>(mf.world));
+  const bool same = mf.world == m.world;
+  for (int r = 0; r < mf.world; ++r)
+    if (!same || r == base_rank) files[static_cast<size_t>(r)] = open_rank_file(mf, r, path, device);
+  torch::serialize::InputArchive& base = files[static_cast<size_t>(base_rank)];
+  std::vector<ShardLayout> saved;
+  for (const auto& l : m.layouts) saved.emplace_back(l.shape, mf.world);
+  // Each file's model and optimizer state.
+  std::vector<std::map<size_t, StateFields>> fields(files.size());
+  std::vector<std::map<std::string, size_t>> keys(files.size());
+  std::vector<std::vector<at::Tensor>> shards(files.size());
+  for (int r = 0; r < mf.world; ++r) {
+    if (same && r != base_rank) continue;
+    const auto k = static_cast<size_t>(r);
+    const std::string source = "checkpoint '" + mf.files[k] + "'";
     torch::serialize::InputArchive model, optim;
-    TORCH_CHECK(file.try_read("model", model) && file.try_read("optimizer", optim), "amp: ", source,
+    TORCH_CHECK(files[k].try_read("model", model) && files[k].try_read("optimizer", optim), "amp: ", source,
                 " has no model or optimizer: it is damaged");
-    std::vector<at::Tensor> whole(m.names.size());
     for (size_t i = 0; i < m.names.size(); ++i) {
       std::optional<at::Tensor> t = read_model_entry(model, m.names[i]);
-      TORCH_CHECK(t && t->defined(), "amp: ", source, " has no 'model/", m.names[i],
-                  "' for this model: it was written for another model, or is damaged");
-      TORCH_CHECK(t->sizes() == at::IntArrayRef(m.layouts[i].shape) && t->scalar_type() == at::kFloat, "amp: ", source,
-                  "'s 'model/", m.names[i], "' is ", t->toString(), c10::str(t->sizes()), " but this model's is Float",
-                  c10::str(at::IntArrayRef(m.layouts[i].shape)), ": it was written for another model, or is damaged");
-      whole[i] = *t;
-      p.rows.push_back(rows_of(*t, m.layouts[i], m.rank));
+      check_entry(t, saved[i].shard_shape(r), source, m.names[i]);
+      shards[k].push_back(*t);
     }
-    const std::map<std::string, size_t> keys = state_keys(optim, m.positions, source);
-    // The state fields of each parameter's whole shape become this rank's rows.
-    const std::map<size_t, StateFields> fields = read_state_fields(optim, keys, source);
-    p.archive = rewrite_for_load(file, m, keys, [&](size_t i, const std::string& field) -> std::optional<at::Tensor> {
-      auto f = fields.find(i);
-      if (f == fields.end()) return std::nullopt;
-      auto v = f->second.find(field);
-      if (v == f->second.end() || !elementwise(v->second, m.layouts[i].shape)) return std::nullopt;
-      return rows_of(v->second.toTensor(), m.layouts[i], m.rank);
+    keys[k] = state_keys(optim, m.positions, source);
+    fields[k] = read_state_fields(optim, keys[k], source);
+  }
+  const auto b = static_cast<size_t>(base_rank);
+  if (same) {
+    for (size_t i = 0; i < m.names.size(); ++i) p.rows.push_back(shards[b][i].clone());
+    p.archive = rewrite_for_load(base, m, keys[b], [](size_t, const std::string&) { return std::nullopt; });
+  } else {
+    auto whole = [&](const std::function<at::Tensor(size_t)>& part) {
+      std::vector<at::Tensor> parts;
+      for (size_t r = 0; r < files.size(); ++r) parts.push_back(part(r));
+      return at::cat(parts, 0);
+    };
+    for (size_t i = 0; i < m.names.size(); ++i)
+      p.rows.push_back(rows_of(whole([&](size_t r) { return shards[r][i]; }), m.layouts[i], m.rank));
+    std::map<std::pair<size_t, std::string>, at::Tensor> state_rows;
+    for (const auto& kv : fields[b]) {
+      const size_t i = kv.first;
+      for (const auto& f : kv.second) {
+        if (!elementwise(f.second, saved[i].shard_shape(base_rank))) continue;
+        state_rows[{i, f.first}] =
+            rows_of(whole([&](size_t r) {
+                      auto s = fields[r].find(i);
+                      const c10::IValue* v = nullptr;
+                      if (s != fields[r].end()) {
+                        auto it = s->second.find(f.first);
+                        if (it != s->second.end()) v = &it->second;
+                      }
+                      TORCH_CHECK(v != nullptr && elementwise(*v, saved[i].shard_shape(static_cast<int>(r))),
+                                  "amp: the optimizer state '", f.first, "' of '", m.names[i], "' in '", mf.files[r],
+                                  "' is not elementwise with its shard, so the set cannot "
+                                  "be re-sharded; load it at its world size, ",
+                                  mf.world);
+                      return v->toTensor();
+                    }),
+                    m.layouts[i], m.rank);
+      }
+    }
+    p.archive =
+        rewrite_for_load(base, m, keys[b], [&](size_t i, const std::string& field) -> std::optional<at::Tensor> {
+          auto it = state_rows.find({i, field});
+          if (it == state_rows.end()) return std::nullopt;
+          return it->second;
+        });
+  }
+  p.rng_prefix = "amp/rng/rank" + std::to_string(m.rank) + "/";
+}
+
+inline std::string new_save_id() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                     static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+template <class T>
+void save_sharded(T& trainer, ShardedModel& m, const std::string& path) {
+  const ProcessGroup& pg = m.pg();
+  const std::string what = "save_fully_sharded('" + path + "', kSharded)";
+  trainer.stepper().sync_optimizer_state();
+  // The save's id: rank 0's, on every rank (16 hex digits as two int64 halves).
+  std::string id = m.rank == 0 ? new_save_id() : std::string(16, '0');
+  if (m.world > 1) id = allgather_bytes(pg, id, what + "'s id")[0];
+  const std::string name = path.substr(directory_of(path).size()) + "." + id + ".rank" + std::to_string(m.rank);
+  const std::string file = directory_of(path) + name;
+  bool written = false;
+  std::string record;
+  const std::string error = error_of([&] {
+    FullyShardArchiveSync view(m.rank, {}, "");
+    const std::string bytes = trainer_archive(trainer, view);
+    torch::serialize::InputArchive archive =
+        read_archive(bytes, pg.device(), "the Trainer's state", "its save_state()");
+    torch::serialize::OutputArchive out;
+    ArchivePath entry;
+    copy_archive(archive, out, entry, [&](const ArchivePath& e) -> std::optional<at::Tensor> {
+      if (e.size() >= 2 && e[0] == "model") {
+        auto it = m.by_name.find(join(e, 1, e.size(), '.'));
+        if (it != m.by_name.end()) return m.shards[it->second].detach();
+      }
+      return std::nullopt;
     });
-    p.rng_prefix = rng_prefix_in(file, m.rank, m.world);
+    out.write("amp/fully_shard/id", c10::IValue(id));
+    out.write("amp/fully_shard/rank", c10::IValue(static_cast<int64_t>(m.rank)));
+    out.write("amp/fully_shard/world", c10::IValue(static_cast<int64_t>(m.world)));
+    const std::string data = archive_bytes(out);
+    atomic_write(file, [&](const std::string& tmp) {
+      std::ofstream f(tmp, std::ios::binary);
+      f.write(data.data(), static_cast<std::streamsize>(data.size()));
+      f.close();
+      TORCH_CHECK(f.good(), "amp: could not write '", tmp, "'");
+    });
+    written = true;
+    record = std::to_string(data.size()) + " " + std::to_string(crc32(0, data.data(), data.size()));
   });
-  apply_prepared(trainer, m, error, p, "load_fully_sharded('" + path + "')");
+  auto drop_mine = [&] {
+    if (written) std::remove(file.c_str());
+  };
+  try {
+    agree(pg, error, what);
+  } catch (...) {
+    drop_mine();
+    throw;
+  }
+  const std::vector<std::string> records =
+      m.world == 1 ? std::vector<std::string>{record} : allgather_bytes(pg, record, what + "'s file records");
+  // Rank 0: the manifest, last, once every rank's file is in place.
+  std::string status;
+  std::vector<std::string> old_files;
+  if (m.rank == 0) {
+    status = error_of([&] {
+      {
+        const std::string previous = error_of([&] {
+          torch::serialize::InputArchive old = read_archive(path, pg.device(), "the previous checkpoint");
+          if (is_manifest(old)) old_files = read_manifest(old, path).files;
+        });
+        (void)previous;  // none, or not a sharded one: nothing to remove
+      }
+      torch::serialize::OutputArchive mfa;
+      mfa.write("amp/fully_shard/manifest", c10::IValue(kShardedManifestFormat));
+      mfa.write("amp/fully_shard/id", c10::IValue(id));
+      mfa.write("amp/fully_shard/precision", c10::IValue(std::string(std::decay_t<T>::precision_name)));
+      mfa.write("amp/fully_shard/model", c10::IValue(m.summary()));
+      mfa.write("amp/fully_shard/world", c10::IValue(static_cast<int64_t>(m.world)));
+      const std::string base = path.substr(directory_of(path).size());
+      for (int r = 0; r < m.world; ++r) {
+        std::istringstream in(records[static_cast<size_t>(r)]);
+        int64_t size = -1, crc = -1;
+        in >> size >> crc;
+        const std::string n = std::to_string(r);
+        mfa.write("amp/fully_shard/file" + n, c10::IValue(base + "." + id + ".rank" + n));
+        mfa.write("amp/fully_shard/size" + n, c10::IValue(size));
+        mfa.write("amp/fully_shard/crc" + n, c10::IValue(crc));
+      }
+      atomic_write(path, [&](const std::string& tmp) { mfa.save_to(tmp); });
+    });
+  }
+  at::Tensor ok = at::full({1}, status.empty() ? 1 : 0, at::kInt);
+  if (m.world > 1) pg.broadcast(ok, 0, what + "'s manifest status");
+  if (ok.item<int>() != 1) {
+    drop_mine();
+    TORCH_CHECK(status.empty(), status);
+    TORCH_CHECK(false, "amp: rank 0 could not write the manifest of the sharded checkpoint '", path, "'");
+  }
+  // The previous save's files, now that the manifest names the new ones.
+  if (m.rank == 0)
+    for (const auto& f : old_files)
+      if (f.find("." + id + ".rank") == std::string::npos) std::remove(f.c_str());
 }
 
 }  // namespace detail
@@ -630,11 +909,10 @@ template <class T>
 void save_fully_sharded(T& trainer, const std::string& path,
                         FullyShardCheckpoint kind = FullyShardCheckpoint::kConsolidated) {
   detail::ShardedModel m = detail::sharded_model(trainer, "save_fully_sharded");
-  if (kind == FullyShardCheckpoint::kConsolidated) {
+  if (kind == FullyShardCheckpoint::kConsolidated)
     detail::save_consolidated(trainer, m, path);
-  } else {
-    TORCH_CHECK(false, "amp: save_fully_sharded: kSharded is not there yet");
-  }
+  else
+    detail::save_sharded(trainer, m, path);
 }
 
 // Loads a checkpoint of either format (or one a plain Trainer wrote) into
@@ -645,7 +923,16 @@ void save_fully_sharded(T& trainer, const std::string& path,
 template <class T>
 void load_fully_sharded(T& trainer, const std::string& path) {
   detail::ShardedModel m = detail::sharded_model(trainer, "load_fully_sharded");
-  detail::load_consolidated(trainer, m, path);
+  detail::PreparedLoad p;
+  const std::string error = detail::error_of([&] {
+    torch::serialize::InputArchive file =
+        detail::read_archive(path, m.pg().device(), "a checkpoint written by amp::save_fully_sharded");
+    if (detail::is_manifest(file))
+      detail::load_sharded<T>(m, path, file, p);
+    else
+      detail::load_consolidated<T>(m, path, file, p);
+  });
+  detail::apply_prepared(trainer, m, error, p, "load_fully_sharded('" + path + "')");
 }
 
 }  // namespace amp
