@@ -224,6 +224,12 @@ void bad(const std::string& dir) {
   const std::string set = dir + "/set.pt", other_set = dir + "/other_set.pt", other = dir + "/other.pt",
                     bf16 = dir + "/bf16.pt";
   amp::save_fully_sharded(*run.trainer, set, amp::FullyShardCheckpoint::kSharded);
+  amp::save_fully_sharded(*run.trainer, set, amp::FullyShardCheckpoint::kSharded);  // the first set's files go
+  int64_t rank_files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    rank_files += e.path().string().rfind(set + ".", 0) == 0 && e.path().string().find(".rank") != std::string::npos;
+  check(rank_files == run.pg.world_size(),
+        std::to_string(rank_files) + " rank files beside the manifest after two saves");
   const torch::Tensor before = run.state_bits();
   // Rank 1's file of the set, as the manifest names it.
   std::string rank1;

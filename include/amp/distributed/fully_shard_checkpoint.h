@@ -882,6 +882,9 @@ void save_sharded(T& trainer, ShardedModel& m, const std::string& path) {
         mfa.write("amp/fully_shard/crc" + n, c10::IValue(crc));
       }
       atomic_write(path, [&](const std::string& tmp) { mfa.save_to(tmp); });
+      // The previous save's files, now that the manifest names the new ones.
+      for (const auto& f : old_files)
+        if (f.find("." + id + ".rank") == std::string::npos) std::remove(f.c_str());
     });
   }
   at::Tensor ok = at::full({1}, status.empty() ? 1 : 0, at::kInt);
@@ -891,10 +894,6 @@ void save_sharded(T& trainer, ShardedModel& m, const std::string& path) {
     TORCH_CHECK(status.empty(), status);
     TORCH_CHECK(false, "amp: rank 0 could not write the manifest of the sharded checkpoint '", path, "'");
   }
-  // The previous save's files, now that the manifest names the new ones.
-  if (m.rank == 0)
-    for (const auto& f : old_files)
-      if (f.find("." + id + ".rank") == std::string::npos) std::remove(f.c_str());
 }
 
 }  // namespace detail
