@@ -10,7 +10,7 @@ fails=0
 # run NAME N [launch flags --] CASE ARGS...: every rank must print "PASS CASE".
 run() {
   local n=$1; shift
-  local t0=$SECONDS out="$work/out.$RANDOM.txt"
+  local t0=$SECONDS out="$work/out.$BASHPID.$RANDOM.txt"
   "$launch" -n "$n" -- "$bin" "$@" >"$out" 2>&1; local rc=$?
   cat "$out"
   local passes; passes=$(grep -c "^\[[0-9]*\] PASS $1" "$out")
@@ -96,6 +96,46 @@ case "$group" in
           echo "FAIL: die $how $where"; fails=$((fails + 1))
         fi
       done
+    done
+    ;;
+  fully_shard_ckpt)
+    # BIN is fully_shard_ckpt_cases: FullyShard's checkpoints. Train k, save,
+    # train k; fresh processes load and train k: bitwise at the saved world
+    # size (2 and 3), loaded and trained on at another (re-sharded); a
+    # consolidated file also loads into a plain Trainer.
+    # The two formats' chains run side by side (one thread per process).
+    chain() {
+      local kind=$1 fails=0
+      for n in 2 3; do
+        run "$n" train "$work/$kind$n.pt" 3 "$kind"
+        run "$n" resume "$work/$kind$n.pt" 3
+      done
+      if [ "$kind" = consolidated ]; then
+        run 1 resume "$work/consolidated2.pt" 3
+        run 4 resume "$work/consolidated3.pt" 3
+      else
+        run 3 resume "$work/sharded2.pt" 3
+        run 2 resume "$work/sharded3.pt" 3
+      fi
+      echo "$fails" >"$work/fails.$kind"
+    }
+    chain consolidated & chain sharded & wait
+    fails=$((fails + $(cat "$work/fails.consolidated") + $(cat "$work/fails.sharded")))
+    mkdir -p "$work/bad"; run 2 bad "$work/bad"
+    # The last of 3 killed / stopped where it should join a save: both
+    # survivors fail within the timeout, the checkpoint before it is intact
+    # with no temporary file beside it, and a restart from it at 3 continues bitwise.
+    for spec in "kill consolidated" "stop sharded"; do
+      set -- $spec
+      out="$work/save_$1.txt" path="$work/die_$1.pt"
+      AMP_DP_TIMEOUT_MS=3000 "$launch" -n 3 --grace 5 -- "$bin" die "$path" 2 "$2" "$1" >"$out" 2>&1
+      cat "$out"
+      if [ "$(grep -c '^\[[01]\] PASS die' "$out")" -eq 2 ]; then
+        echo "ok: die $1 in a $2 save"
+      else
+        echo "FAIL: die $1 in a $2 save"; fails=$((fails + 1))
+      fi
+      run 3 resume "$path" 2
     done
     ;;
   faults)

@@ -498,10 +498,7 @@ void die_in_save(const std::string& path, int64_t k, const std::string& how) {
   auto pg = init();
   with_trainer(pg, "sharded", false, [&](torch::nn::Sequential& net, auto& trainer) {
     train_save_train(pg, net, trainer, path, k);
-    auto bytes = [&] {
-      std::ifstream in(path, std::ios::binary);
-      return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    };
+    auto bytes = [&] { return test_case::file_bytes(path); };
     const std::string before = bytes();
     check(!before.empty(), "no first checkpoint");
     if (pg.rank() == pg.world_size() - 1) {
@@ -519,12 +516,7 @@ void die_in_save(const std::string& path, int64_t k, const std::string& how) {
     check(msg.rfind("amp: ", 0) == 0, "expected an amp: error, got '" + msg + "'");
     check(secs < timeout().count() / 1000.0 + 0.5, "took " + std::to_string(secs) + " s");
     check(bytes() == before, "the first checkpoint changed");
-    const std::string dir = path.substr(0, path.find_last_of('/') + 1);
-    const std::string base = path.substr(dir.size());
-    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-      const std::string name = entry.path().filename().string();
-      check(name.rfind(base + ".tmp", 0) != 0, "a temporary file was left: " + name);
-    }
+    test_case::check_no_temp_file(path);
     std::cout << "PASS " << test_case::name << " after " << secs
               << " s: " << msg.substr(0, msg.find('\n')).substr(0, 120) << std::endl;
     std::exit(3);  // a failed rank: tools/launch ends the stopped one

@@ -139,6 +139,12 @@ class FullyShard : public GradientSync {
     for (const auto& p : params_) out.push_back(p.name);
     return out;
   }
+  // Their unsharded shapes, in the same order.
+  std::vector<std::vector<int64_t>> shapes() const {
+    std::vector<std::vector<int64_t>> out;
+    for (const auto& p : params_) out.push_back(p.layout.shape);
+    return out;
+  }
 
   // Clips the shards' gradients by their global norm, as
   // torch.nn.utils.clip_grad_norm_ over FSDP2's DTensors: each shard's

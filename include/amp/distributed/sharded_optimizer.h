@@ -86,6 +86,7 @@ inline std::vector<std::string> allgather_bytes(const ProcessGroup& pg, const st
   std::vector<int64_t> lens;
   for (const auto& t : pg.allgather(len, what)) lens.push_back(t.item<int64_t>());
   const int64_t longest = *std::max_element(lens.begin(), lens.end());
+  if (longest == 0) return std::vector<std::string>(lens.size());  // Gloo divides by the size of an empty all-gather
   at::Tensor padded = at::zeros({longest}, at::kByte);
   std::copy(mine.begin(), mine.end(), reinterpret_cast<char*>(padded.data_ptr<uint8_t>()));
   std::vector<std::string> out;

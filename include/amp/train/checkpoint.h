@@ -141,12 +141,11 @@ torch::serialize::OutputArchive checkpoint_archive(const std::string& precision,
   return archive;
 }
 
-// Reads `path` and checks that amp wrote it, in this format, under `precision`.
-// `who` names the loader in errors ("Trainer").
-inline torch::serialize::InputArchive open_checkpoint(const std::string& path, const c10::Device& device,
-                                                      const std::string& precision, const char* who = "Trainer") {
-  torch::serialize::InputArchive archive =
-      read_archive(path, device, std::string("a checkpoint written by amp::") + who + "::save");
+// open_checkpoint reads `path` and checks that amp wrote it, in this format,
+// under `precision`; check_header checks an archive already read. `who`
+// names the loader in errors ("Trainer").
+inline void check_header(torch::serialize::InputArchive& archive, const std::string& path, const std::string& precision,
+                         const char* who = "Trainer") {
   c10::IValue format, name;
   TORCH_CHECK(archive.try_read("amp/format", format) && archive.try_read("amp/precision", name), "amp: '", path,
               "' is not a checkpoint written by amp::", who, "::save (no amp/format entry)");
@@ -157,6 +156,12 @@ inline torch::serialize::InputArchive open_checkpoint(const std::string& path, c
               who, "'s policy is \"", precision, "\"; load it into a ", who,
               " of that policy (see amp::dispatch_precision), or start from the model "
               "weights alone with torch::load");
+}
+inline torch::serialize::InputArchive open_checkpoint(const std::string& path, const c10::Device& device,
+                                                      const std::string& precision, const char* who = "Trainer") {
+  torch::serialize::InputArchive archive =
+      read_archive(path, device, std::string("a checkpoint written by amp::") + who + "::save");
+  check_header(archive, path, precision, who);
   return archive;
 }
 

@@ -188,7 +188,9 @@ class Fabric {
   // optimizer_step() before its update()).
   void save(const std::string& path) const {
     check_between_iterations("save");
-    detail::check_not_sharded(sync_, "Fabric::save", "checkpoints of the fully sharded mode are not there yet");
+    detail::check_not_sharded(sync_, "Fabric::save",
+                              "amp::save_fully_sharded saves a Trainer's (not yet a Fabric's): train "
+                              "with an amp::Trainer to checkpoint");
     torch::serialize::OutputArchive archive = archive_now();
     detail::atomic_write(path, [&](const std::string& tmp) { archive.save_to(tmp); });
   }
@@ -196,7 +198,9 @@ class Fabric {
   // save() into a stream: the same archive, for save_on_rank0's other ranks.
   void save_state(std::ostream& out) const {
     check_between_iterations("save");
-    detail::check_not_sharded(sync_, "Fabric::save", "checkpoints of the fully sharded mode are not there yet");
+    detail::check_not_sharded(sync_, "Fabric::save",
+                              "amp::save_fully_sharded saves a Trainer's (not yet a Fabric's): train "
+                              "with an amp::Trainer to checkpoint");
     archive_now().save_to(out);
   }
 

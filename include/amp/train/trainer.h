@@ -211,7 +211,8 @@ class Trainer {
                 " of ", stepper_.options().accumulation_steps(),
                 "); call it after the step that completes the accumulation");
     detail::check_not_sharded(stepper_.gradient_sync(), "Trainer::save",
-                              "checkpoints of the fully sharded mode are not there yet");
+                              "save on every rank with amp::save_fully_sharded(trainer, path) and load with "
+                              "amp::load_fully_sharded (amp/distributed/fully_shard_checkpoint.h)");
     torch::serialize::OutputArchive archive = state_archive();
     detail::atomic_write(path, [&](const std::string& tmp) { archive.save_to(tmp); });
   }
@@ -238,7 +239,8 @@ class Trainer {
   // as load(), nothing changes.
   void save_state(std::ostream& out) const {
     detail::check_not_sharded(stepper_.gradient_sync(), "Trainer::save",
-                              "checkpoints of the fully sharded mode are not there yet");
+                              "save on every rank with amp::save_fully_sharded(trainer, path) and load with "
+                              "amp::load_fully_sharded (amp/distributed/fully_shard_checkpoint.h)");
     state_archive().save_to(out);
   }
   void load_state(std::istream& in) {
