@@ -347,6 +347,9 @@ TEST(PrecisionMap, MappedToTheOther16BitDtype) {
 // parameters (a cache keyed by the model's address and parameter count once
 // handed it the freed model's table, and its head ran in bf16).
 TEST(PrecisionMap, ANewModelAtAFreedModelsAddressGetsItsOwnTable) {
+#ifdef __SANITIZE_ADDRESS__
+  GTEST_SKIP() << "AddressSanitizer holds freed memory back (its quarantine): no new model lands at a freed address";
+#endif
   amp::PrecisionMap map;
   map.path("head", P::kFp32);
   const torch::nn::Module* freed = nullptr;
