@@ -34,11 +34,10 @@
 //               within a bf16 tolerance at 3 (see there); each differs from the fp32 run, so the
 //               autocast (and the map) took effect
 //   prefetch    FullyShardOptions::prefetch beside the same run without, in fp32
-//               and with param_dtype bf16: losses, shard gradients and shards
-//               bitwise; as many all-gathers, of which 2 per block per step
-//               prefetched (in backward only at the first step, whose order
-//               forward prefetch learns); the peak of unsharded bytes more
-//               than the root and one block, at most the root and two
+//               and with param_dtype bf16, also with amp::checkpoint around
+//               each unit's call: losses, shard gradients and shards bitwise; as many all-gathers, of which 2 per block
+//               per step prefetched (in backward only at the first step, whose order forward prefetch learns); the peak
+//               of unsharded bytes more than the root and one block, at most the root and two
 //   errors      bad input: amp: errors, nothing changed
 //   die HOW WHERE  the last of 3 processes killed (HOW kill) or stopped (stop) at step 2,
 //               before its forward (WHERE gather: the others wait in an all-gather)
@@ -403,20 +402,23 @@ void checkpointed(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> pa
 void prefetched(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> param_dtype, const std::string& what) {
   const int rank = pg.rank();
   const int64_t steps = 3;
-  fsdp_model::Net a, b;  // a: without prefetch; b: with
+  fsdp_model::Net a, b, c;  // a: without prefetch; b: with; c: with, amp::checkpoint around each unit's call
+  c->checkpoint_units = true;
   const auto options = amp::FullyShardOptions().param_dtype(param_dtype);
-  amp::FullyShard fa(pg, *a, a->units, options), fb(pg, *b, b->units, amp::FullyShardOptions(options).prefetch(true));
-  a->fsdp = &fa, b->fsdp = &fb;
+  const auto with = amp::FullyShardOptions(options).prefetch(true);
+  amp::FullyShard fa(pg, *a, a->units, options), fb(pg, *b, b->units, with), fc(pg, *c, c->units, with);
+  a->fsdp = &fa, b->fsdp = &fb, c->fsdp = &fc;
   torch::optim::AdamW oa(fa.parameters(), torch::optim::AdamWOptions(1e-2));
   torch::optim::AdamW ob(fb.parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW oc(fc.parameters(), torch::optim::AdamWOptions(1e-2));
   const fsdp_model::Data data(rank, steps);
   const auto units = fa.unit_bytes();  // three equal blocks, the root
   const int64_t blocks = fsdp_model::kBlocks;
   for (int64_t i = 0; i < steps; ++i) {
     std::vector<torch::Tensor> losses;
     std::vector<int64_t> gathers, early, peaks;
-    for (auto* run : {&a, &b}) {
-      amp::FullyShard& f = run == &a ? fa : fb;
+    for (auto* run : {&a, &b, &c}) {
+      amp::FullyShard& f = run == &a ? fa : run == &b ? fb : fc;
       const int64_t before = f.allgathers(), before_early = f.prefetched_allgathers();
       f.reset_peak();
       const auto loss = fsdp_model::loss_of(f.forward(*run, data.x[i]), data.y[i]);
@@ -427,8 +429,9 @@ void prefetched(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> para
       peaks.push_back(f.peak_unsharded_bytes());
       check(f.unsharded_bytes() == 0, what + " step " + str(i) + ": a unit left gathered after backward");
     }
-    check(gathers[1] == gathers[0], what + " step " + str(i) + ": all-gathers " + str(gathers[0]) +
-                                        " without prefetch, " + str(gathers[1]) + " with");
+    check(gathers[1] == gathers[0] && gathers[2] == gathers[0],
+          what + " step " + str(i) + ": all-gathers " + str(gathers[0]) + " without prefetch, " + str(gathers[1]) +
+              " with, " + str(gathers[2]) + " with checkpointing");
     // Each block's backward gather prefetched (the root's backward begins
     // the chain); its forward gather too once the first step gave the order.
     const int64_t expect = pg.world_size() == 1 ? 0 : (i == 0 ? blocks : 2 * blocks);
@@ -436,17 +439,21 @@ void prefetched(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> para
           what + " step " + str(i) + ": " + str(early[1]) + " prefetched all-gathers, expected " + str(expect));
     check(peaks[0] == units.back() + units.front(),
           what + " step " + str(i) + ": peak without prefetch " + str(peaks[0]));
+    check(peaks[2] <= units.back() + 2 * units.front(),
+          what + " step " + str(i) + ": peak with prefetch and checkpointing " + str(peaks[2]));
     check(peaks[1] <= units.back() + 2 * units.front() && (pg.world_size() == 1 || peaks[1] > peaks[0]),
           what + " step " + str(i) + ": peak with prefetch " + str(peaks[1]) + ", the root and one block " +
               str(peaks[0]) + ", two " + str(units.back() + 2 * units.front()));
-    check(torch::equal(losses[0], losses[1]), what + " step " + str(i) + ": loss differs with prefetch");
-    const auto pa = fa.parameters(), pb = fb.parameters();
+    check(torch::equal(losses[0], losses[1]) && torch::equal(losses[0], losses[2]),
+          what + " step " + str(i) + ": loss differs with prefetch");
+    const auto pa = fa.parameters(), pb = fb.parameters(), pc = fc.parameters();
     for (size_t k = 0; k < pa.size(); ++k)
-      check(torch::equal(pa[k].grad(), pb[k].grad()),
+      check(torch::equal(pa[k].grad(), pb[k].grad()) && torch::equal(pa[k].grad(), pc[k].grad()),
             what + " step " + str(i) + ": gradient of " + fa.names()[k] + " differs with prefetch");
-    for (auto* o : {&oa, &ob}) o->step(), o->zero_grad();
+    for (auto* o : {&oa, &ob, &oc}) o->step(), o->zero_grad();
     for (size_t k = 0; k < pa.size(); ++k)
-      check(torch::equal(pa[k], pb[k]), what + " step " + str(i) + ": shard of " + fa.names()[k] + " differs");
+      check(torch::equal(pa[k], pb[k]) && torch::equal(pa[k], pc[k]),
+            what + " step " + str(i) + ": shard of " + fa.names()[k] + " differs");
     if (rank == 0 && i == steps - 1)
       std::cout << "prefetch " << what << " world " << pg.world_size() << ": " << early[1] << " of " << gathers[1]
                 << " all-gathers prefetched; peak unsharded " << peaks[1] << " B (without prefetch " << peaks[0]
