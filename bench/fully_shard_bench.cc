@@ -11,7 +11,8 @@
 // Variants: ZeRO1 (DataParallel + ShardedOptimizer, a bf16-mixed Trainer);
 // FullyShard_autocast (fp32 shards under the same bf16-mixed Trainer: the
 // same arithmetic); FullyShard_bf16 (param_dtype bf16, reduce_dtype fp32, a
-// Stepper: FSDP2's usual policy, no autocast).
+// Stepper: FSDP2's usual policy, no autocast); FullyShard_bf16_prefetch (the
+// same with FullyShardOptions::prefetch: each all-gather issued one unit early).
 // Counters (per rank and step): gathered_bytes and scattered_bytes, the
 // all-gathers' outputs and the reduce-scatters' inputs as FullyShard counts
 // them; formula_bytes, FSDP2's two all-gathers of the padded parameters in
@@ -86,12 +87,13 @@ void BM_ZeRO1(benchmark::State& state) {
   state.counters["sent_bytes"] = 2.0 * (n - 1) / n * grad_bytes + (n - 1) * static_cast<double>(opt.gathered_bytes());
 }
 
-void fully_shard(benchmark::State& state, bool autocast) {
+void fully_shard(benchmark::State& state, bool autocast, bool prefetch = false) {
   amp::ProcessGroup* pg = group(state);
   if (pg == nullptr) return;
   torch::manual_seed(0);
   Net model;
   amp::FullyShardOptions options;
+  options.prefetch(prefetch);
   if (!autocast) options.param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
   amp::FullyShard fsdp(*pg, *model, {model->u0.ptr(), model->u1.ptr()}, options);
   model->fsdp = &fsdp;
@@ -134,12 +136,15 @@ void fully_shard(benchmark::State& state, bool autocast) {
 
 void BM_FullyShard_autocast(benchmark::State& state) { fully_shard(state, true); }
 void BM_FullyShard_bf16(benchmark::State& state) { fully_shard(state, false); }
+void BM_FullyShard_bf16_prefetch(benchmark::State& state) { fully_shard(state, false, true); }
 
 }  // namespace
 
 BENCHMARK(BM_ZeRO1)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FullyShard_autocast)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FullyShard_bf16)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FullyShard_bf16_prefetch)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ZeRO1)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FullyShard_autocast)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FullyShard_bf16)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FullyShard_bf16_prefetch)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -82,11 +82,13 @@ case "$group" in
     for n in 1 2 3 4; do run "$n" memory; run "$n" vs_dp; done
     for n in 2 4; do run "$n" accumulate; done
     for n in 2 3; do run "$n" clip; run "$n" scaler; run "$n" checkpoint; run "$n" autocast; done
+    for n in 1 2 3; do run "$n" prefetch; done
     run 2 errors
     # The last of 3 killed / stopped before its forward (the others wait in an
-    # all-gather) or its backward (in a reduce-scatter): an amp: error within the timeout.
+    # all-gather), its backward (in a reduce-scatter), or block 1's forward with
+    # prefetch on (in a prefetched all-gather): an amp: error within the timeout.
     for how in kill stop; do
-      for where in gather reduce; do
+      for where in gather reduce prefetch; do
         out="$work/fsdp_die_${how}_$where.txt"
         AMP_DP_TIMEOUT_MS=5000 "$launch" -n 3 --grace 8 -- "$bin" die "$how" "$where" >"$out" 2>&1
         cat "$out"

@@ -33,11 +33,18 @@
 //               fc1 in fp32): losses and shards bitwise at 2 processes,
 //               within a bf16 tolerance at 3 (see there); each differs from the fp32 run, so the
 //               autocast (and the map) took effect
+//   prefetch    FullyShardOptions::prefetch beside the same run without, in fp32
+//               and with param_dtype bf16, also with amp::checkpoint around
+//               each unit's call: losses, shard gradients and shards bitwise; as many all-gathers, of which 2 per block
+//               per step prefetched (in backward only at the first step, whose order forward prefetch learns); the peak
+//               of unsharded bytes more than the root and one block, at most the root and two
 //   errors      bad input: amp: errors, nothing changed
 //   die HOW WHERE  the last of 3 processes killed (HOW kill) or stopped (stop) at step 2,
 //               before its forward (WHERE gather: the others wait in an all-gather)
-//               or before its backward (reduce: in a reduce-scatter): the others
-//               get an amp: error naming it within the timeout
+//               or before its backward (reduce: in a reduce-scatter), or with
+//               prefetch on before block 1's forward (prefetch: the others wait
+//               in a prefetched all-gather): the others get an amp: error
+//               naming it within the timeout
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -392,6 +399,83 @@ void checkpointed(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> pa
   }
 }
 
+void prefetched(const amp::ProcessGroup& pg, std::optional<c10::ScalarType> param_dtype, const std::string& what) {
+  const int rank = pg.rank();
+  const int64_t steps = 3;
+  fsdp_model::Net a, b, c;  // a: without prefetch; b: with; c: with, amp::checkpoint around each unit's call
+  c->checkpoint_units = true;
+  const auto options = amp::FullyShardOptions().param_dtype(param_dtype);
+  const auto with = amp::FullyShardOptions(options).prefetch(true);
+  amp::FullyShard fa(pg, *a, a->units, options), fb(pg, *b, b->units, with), fc(pg, *c, c->units, with);
+  a->fsdp = &fa, b->fsdp = &fb, c->fsdp = &fc;
+  torch::optim::AdamW oa(fa.parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW ob(fb.parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW oc(fc.parameters(), torch::optim::AdamWOptions(1e-2));
+  const fsdp_model::Data data(rank, steps);
+  const auto units = fa.unit_bytes();  // three equal blocks, the root
+  const int64_t blocks = fsdp_model::kBlocks;
+  for (int64_t i = 0; i < steps; ++i) {
+    std::vector<torch::Tensor> losses;
+    std::vector<int64_t> gathers, early, peaks;
+    for (auto* run : {&a, &b, &c}) {
+      amp::FullyShard& f = run == &a ? fa : run == &b ? fb : fc;
+      const int64_t before = f.allgathers(), before_early = f.prefetched_allgathers();
+      f.reset_peak();
+      const auto loss = fsdp_model::loss_of(f.forward(*run, data.x[i]), data.y[i]);
+      loss.backward();
+      losses.push_back(loss.detach());
+      gathers.push_back(f.allgathers() - before);
+      early.push_back(f.prefetched_allgathers() - before_early);
+      peaks.push_back(f.peak_unsharded_bytes());
+      check(f.unsharded_bytes() == 0, what + " step " + str(i) + ": a unit left gathered after backward");
+    }
+    check(gathers[1] == gathers[0] && gathers[2] == gathers[0],
+          what + " step " + str(i) + ": all-gathers " + str(gathers[0]) + " without prefetch, " + str(gathers[1]) +
+              " with, " + str(gathers[2]) + " with checkpointing");
+    // Each block's backward gather prefetched (the root's backward begins
+    // the chain); its forward gather too once the first step gave the order.
+    const int64_t expect = pg.world_size() == 1 ? 0 : (i == 0 ? blocks : 2 * blocks);
+    check(early[0] == 0 && early[1] == expect,
+          what + " step " + str(i) + ": " + str(early[1]) + " prefetched all-gathers, expected " + str(expect));
+    check(peaks[0] == units.back() + units.front(),
+          what + " step " + str(i) + ": peak without prefetch " + str(peaks[0]));
+    check(peaks[2] <= units.back() + 2 * units.front(),
+          what + " step " + str(i) + ": peak with prefetch and checkpointing " + str(peaks[2]));
+    check(peaks[1] <= units.back() + 2 * units.front() && (pg.world_size() == 1 || peaks[1] > peaks[0]),
+          what + " step " + str(i) + ": peak with prefetch " + str(peaks[1]) + ", the root and one block " +
+              str(peaks[0]) + ", two " + str(units.back() + 2 * units.front()));
+    check(torch::equal(losses[0], losses[1]) && torch::equal(losses[0], losses[2]),
+          what + " step " + str(i) + ": loss differs with prefetch");
+    const auto pa = fa.parameters(), pb = fb.parameters(), pc = fc.parameters();
+    for (size_t k = 0; k < pa.size(); ++k)
+      check(torch::equal(pa[k].grad(), pb[k].grad()) && torch::equal(pa[k].grad(), pc[k].grad()),
+            what + " step " + str(i) + ": gradient of " + fa.names()[k] + " differs with prefetch");
+    for (auto* o : {&oa, &ob, &oc}) o->step(), o->zero_grad();
+    for (size_t k = 0; k < pa.size(); ++k)
+      check(torch::equal(pa[k], pb[k]) && torch::equal(pa[k], pc[k]),
+            what + " step " + str(i) + ": shard of " + fa.names()[k] + " differs");
+    if (rank == 0 && i == steps - 1)
+      std::cout << "prefetch " << what << " world " << pg.world_size() << ": " << early[1] << " of " << gathers[1]
+                << " all-gathers prefetched; peak unsharded " << peaks[1] << " B (without prefetch " << peaks[0]
+                << " B)" << std::endl;
+  }
+}
+
+// The fsdp_model::Net whose forward can stop before a block (die ... prefetch).
+struct DyingNetImpl : fsdp_model::NetImpl {
+  std::function<void(size_t)> before_block;
+  torch::Tensor forward(torch::Tensor x) {
+    for (size_t k = 0; k < units.size(); ++k) {
+      if (before_block) before_block(k);
+      fsdp_model::Block block(std::dynamic_pointer_cast<fsdp_model::BlockImpl>(units[k]));
+      x = fsdp->forward(block, x);
+    }
+    x = torch::layer_norm(x, {fsdp_model::kWidth}, ln_f->weight, ln_f->bias, 1e-5);
+    return torch::linear(x, head->weight, head->bias);
+  }
+};
+TORCH_MODULE(DyingNet);
+
 // Losses of `steps` steps of a Trainer<P> on `net` (under FullyShard when
 // `fsdp`, else DataParallel), and this rank's rows of every parameter after each.
 template <class P>
@@ -540,8 +624,8 @@ void errors() {
 void die(const std::string& how, const std::string& where) {
   auto pg = init();
   const bool last = pg.rank() == pg.world_size() - 1;
-  fsdp_model::Net net;
-  amp::FullyShard fsdp(pg, *net, net->units);
+  DyingNet net;
+  amp::FullyShard fsdp(pg, *net, net->units, amp::FullyShardOptions().prefetch(where == "prefetch"));
   net->fsdp = &fsdp;
   torch::optim::AdamW opt(fsdp.parameters(), torch::optim::AdamWOptions(1e-2));
   const fsdp_model::Data data(pg.rank(), 4);
@@ -549,8 +633,15 @@ void die(const std::string& how, const std::string& where) {
   auto die_here = [&](const char* here) {
     if (last && where == here) std::raise(how == "kill" ? SIGKILL : SIGSTOP);
   };
+  int64_t step = 0;
+  // Before block 1: the others have issued its prefetched all-gather (at
+  // block 0's forward) and wait for it, or for block 2's.
+  net->before_block = [&](size_t k) {
+    if (step == 2 && k == 1) die_here("prefetch");
+  };
   try {
     for (int64_t i = 0; i < 4; ++i) {
+      step = i;
       t0 = std::chrono::steady_clock::now();
       if (i == 2) die_here("gather");
       const auto loss = fsdp_model::loss_of(fsdp.forward(net, data.x[i]), data.y[i]);
@@ -563,8 +654,9 @@ void die(const std::string& how, const std::string& where) {
   } catch (const c10::Error& e) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string msg = e.what_without_backtrace();
-    const std::string expect =
-        where == "gather" ? "amp: FullyShard all-gather on rank" : "amp: FullyShard reduce-scatter on rank";
+    const std::string expect = where == "gather"     ? "amp: FullyShard all-gather on rank"
+                               : where == "prefetch" ? "amp: FullyShard all-gather (prefetched) on rank"
+                                                     : "amp: FullyShard reduce-scatter on rank";
     check(msg.find(expect) != std::string::npos, "message: " + msg);
     check(secs < test_case::timeout().count() / 1000.0 + 0.5, "took " + std::to_string(secs) + " s");
     std::cout << "PASS " << test_case::name << " after " << secs << " s: " << msg.substr(0, msg.find('\n'))
@@ -598,6 +690,11 @@ int main(int argc, char** argv) {
       checkpointed(pg, std::nullopt, "fp32");
       checkpointed(pg, at::kBFloat16, "bf16");
       std::cout << "PASS checkpoint" << std::endl;
+    } else if (test_case::name == "prefetch") {
+      auto pg = init();
+      prefetched(pg, std::nullopt, "fp32");
+      prefetched(pg, at::kBFloat16, "bf16");
+      std::cout << "PASS prefetch" << std::endl;
     } else if (test_case::name == "autocast") {
       autocast();
     } else if (test_case::name == "errors") {

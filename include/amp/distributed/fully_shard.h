@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "amp/distributed/detail/shard_layout.h"
+#include "amp/distributed/detail/unit_order.h"
 #include "amp/distributed/process_group.h"
 #include "amp/train/gradient_sync.h"
 
@@ -69,6 +70,14 @@ struct FullyShardOptions {
   // for its backward); false keeps them until its gradients are reduced. The
   // root keeps its own until backward either way, as in FSDP2.
   TORCH_ARG(bool, reshard_after_forward) = true;
+  // Issue the next unit's all-gather early, asynchronously: when a unit's
+  // forward begins, the unit that followed it in the last forward (learned
+  // from the first step); when a unit's backward begins, the unit before it
+  // in this forward (FSDP2's backward prefetch of one unit). The gathered
+  // bits are the same; the peak of unsharded parameters becomes two units
+  // and the root. Off by default: it overlaps communication with compute
+  // at the cost of one more unit in memory (docs/performance.md).
+  TORCH_ARG(bool, prefetch) = false;
 };
 
 namespace detail {
@@ -87,8 +96,13 @@ struct ShardedParam {
 struct ShardUnit {
   const torch::nn::Module* module = nullptr;
   std::vector<size_t> params;
-  bool unsharded = false;
+  bool unsharded = false;  // gathered, or its all-gather in flight (`gather`)
   bool root = false;
+  // An all-gather started and not yet waited for (prefetch): its work, its
+  // buffers, and each parameter's padded numel.
+  c10::intrusive_ptr<c10d::Work> gather;
+  at::Tensor gather_in, gather_out;
+  bool prefetched = false;    // that all-gather was issued early
   int64_t arrived = 0;        // gradients of this backward so far
   std::vector<size_t> ready;  // parameters whose gradient this backward has produced
 };
@@ -235,6 +249,8 @@ class FullyShard : public GradientSync {
   }
   // All-gathers and reduce-scatters issued so far.
   int64_t allgathers() const { return allgathers_; }
+  // Of those, the ones issued early (FullyShardOptions::prefetch).
+  int64_t prefetched_allgathers() const { return prefetched_allgathers_; }
   int64_t reduce_scatters() const { return reduce_scatters_; }
   // Their buffers' bytes so far: each all-gather's output (every rank's
   // padded shards in the compute dtype) and each reduce-scatter's input
@@ -382,6 +398,10 @@ class FullyShard : public GradientSync {
     if (u.root) {
       in_root_forward_ = true;
       reshard(u);  // stale after a step: gathered again
+      order_.begin_forward();
+      unshard(u);
+      prefetch(order_.first());
+      return;
     } else {
       // In the root's backward: a recompute (amp::checkpoint around the
       // unit's call), which gathers the unit (or finds it gathered).
@@ -390,6 +410,17 @@ class FullyShard : public GradientSync {
                   "as fsdp.forward(root, ...) and the units inside it");
     }
     unshard(u);
+    if (in_root_forward_) prefetch(order_.on_forward(index_of(u)));
+  }
+
+  size_t index_of(const detail::ShardUnit& u) const { return static_cast<size_t>(&u - units_.data()); }
+
+  // Starts unit k's all-gather now, if prefetching and it is not gathered.
+  void prefetch(size_t k) {
+    if (!options_.prefetch() || pg_.world_size() == 1 || k == detail::UnitOrder::npos || units_[k].unsharded) return;
+    if (!start_unshard(units_[k])) return;
+    units_[k].prefetched = true;
+    ++prefetched_allgathers_;
   }
 
   template <class R>
@@ -402,6 +433,9 @@ class FullyShard : public GradientSync {
     if (u.root) {
       in_root_forward_ = false;
       if (!grad) reshard(u);
+      // A unit prefetched for a forward that did not run it: waited for and freed.
+      for (auto& other : units_)
+        if (other.gather) reshard(other);
     }
     if constexpr (std::is_same_v<R, at::Tensor>) {
       std::vector<at::Tensor> v{std::move(out)};
@@ -438,6 +472,7 @@ class FullyShard : public GradientSync {
       torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
     }
     unshard(u);
+    prefetch(u.root ? order_.begin_backward() : order_.on_backward(k));
   }
 
   // Parameter i's gradient of this backward is in its .grad. Without sync
@@ -527,10 +562,24 @@ class FullyShard : public GradientSync {
     for (auto& p : params_) p.module_param.mutable_grad() = at::Tensor();
   }
 
+  // Gathers the unit: waits for its prefetched all-gather, or issues one and waits.
   void unshard(detail::ShardUnit& u) {
-    if (u.unsharded) return;
+    if (!u.unsharded) start_unshard(u);
+    finish_unshard(u);
+  }
+
+  // Allocates the unit's parameters and starts its all-gather (true if one
+  // was issued: not at one process, not for a unit without parameters).
+  bool start_unshard(detail::ShardUnit& u) {
+    for (size_t i : u.params) {
+      const auto& p = params_[i];
+      TORCH_CHECK(p.module_param.scalar_type() == compute_dtype(), "amp: FullyShard: parameter '", p.name, "' is ",
+                  p.module_param.scalar_type(), " where FullyShard keeps it in ", compute_dtype(),
+                  ": the module was converted after FullyShard took it (a Trainer<True<...>> converts its model); "
+                  "with param_dtype set, drive FullyShard with a Stepper");
+    }
     u.unsharded = true;
-    if (u.params.empty()) return;
+    if (u.params.empty()) return false;
     at::NoGradGuard no_grad;
     const int world = pg_.world_size();
     int64_t total = 0;
@@ -542,22 +591,39 @@ class FullyShard : public GradientSync {
       in.narrow(0, off, l.padded_numel()).copy_(params_[i].padded.view({-1}));
       off += l.padded_numel();
     }
-    at::Tensor out = in;
+    for (size_t i : u.params) alloc_storage(params_[i]);
+    u.gather_in = in;
+    u.gather_out = in;
     if (world > 1) {
-      out = at::empty({world * total}, in.options());
-      pg_.allgather_into(out, in, "FullyShard all-gather");
+      u.gather_out = at::empty({world * total}, in.options());
+      u.gather = pg_.start_allgather_into(u.gather_out, in, "FullyShard all-gather");
       ++allgathers_;
-      allgathered_bytes_ += static_cast<int64_t>(out.nbytes());
+      allgathered_bytes_ += static_cast<int64_t>(u.gather_out.nbytes());
+      return true;
     }
-    off = 0;
+    return false;
+  }
+
+  // Waits for the unit's all-gather and copies each parameter's rows out of
+  // it (a no-op where nothing is in flight).
+  void finish_unshard(detail::ShardUnit& u) {
+    if (!u.gather_in.defined()) return;
+    at::NoGradGuard no_grad;
+    const at::Tensor in = std::move(u.gather_in);
+    const at::Tensor out = std::move(u.gather_out);
+    u.gather_in = u.gather_out = at::Tensor();
+    if (u.gather) {
+      const auto work = std::exchange(u.gather, c10::intrusive_ptr<c10d::Work>());
+      const bool early = std::exchange(u.prefetched, false);
+      pg_.wait(work, early ? "FullyShard all-gather (prefetched)" : "FullyShard all-gather");
+    }
+    const int world = pg_.world_size();
+    int64_t total = 0;
+    for (size_t i : u.params) total += params_[i].layout.padded_numel();
+    int64_t off = 0;
     for (size_t i : u.params) {
       auto& p = params_[i];
       const auto& l = p.layout;
-      TORCH_CHECK(p.module_param.scalar_type() == compute_dtype(), "amp: FullyShard: parameter '", p.name, "' is ",
-                  p.module_param.scalar_type(), " where FullyShard keeps it in ", compute_dtype(),
-                  ": the module was converted after FullyShard took it (a Trainer<True<...>> converts its model); "
-                  "with param_dtype set, drive FullyShard with a Stepper");
-      alloc_storage(p);
       at::Tensor dst = at::from_blob(p.module_param.data_ptr(), {l.numel()}, in.options());
       for (int r = 0; r < world; ++r) {
         const int64_t n = l.rows_of(r) * l.inner;
@@ -569,6 +635,7 @@ class FullyShard : public GradientSync {
 
   void reshard(detail::ShardUnit& u) {
     if (!u.unsharded) return;
+    finish_unshard(u);  // a collective in flight is completed (every rank takes part) first
     u.unsharded = false;
     for (size_t i : u.params) free_storage(params_[i]);
   }
@@ -608,6 +675,8 @@ class FullyShard : public GradientSync {
   int64_t unsharded_bytes_ = 0;
   int64_t peak_unsharded_bytes_ = 0;
   int64_t allgathers_ = 0;
+  int64_t prefetched_allgathers_ = 0;
+  detail::UnitOrder order_;
   int64_t reduce_scatters_ = 0;
   int64_t allgathered_bytes_ = 0;
   int64_t reduce_scattered_bytes_ = 0;

@@ -227,6 +227,12 @@ class ProcessGroup {
   // Gloo it travels as bytes (a copy, exact in every dtype, also the 16-bit
   // ones a build's Gloo lacks).
   void allgather_into(at::Tensor& out, const at::Tensor& in, const std::string& what) const {
+    wait(start_allgather_into(out, in, what), what);
+  }
+  // allgather_into's collective, started and not waited for: `out` holds the
+  // result once wait(work, what) returns (keep `in` and `out` alive until then).
+  c10::intrusive_ptr<c10d::Work> start_allgather_into(at::Tensor& out, const at::Tensor& in,
+                                                      const std::string& what) const {
     TORCH_CHECK(in.is_contiguous() && out.is_contiguous() && out.scalar_type() == in.scalar_type() &&
                     out.numel() == in.numel() * info_.world_size,
                 "amp: ", what, ": allgather_into needs contiguous tensors of one dtype, out with world_size x in's ",
@@ -237,7 +243,7 @@ class ProcessGroup {
     std::vector<std::vector<at::Tensor>> dst(1);
     const int64_t n = src[0].numel();
     for (int r = 0; r < info_.world_size; ++r) dst[0].push_back(flat.narrow(0, r * n, n));
-    wait(on_backend_of(in, what, [&](auto& backend) { return backend.allgather(dst, src); }), what);
+    return on_backend_of(in, what, [&](auto& backend) { return backend.allgather(dst, src); });
   }
 
   // The average over the ranks of `in` (contiguous, world_size() x out's
