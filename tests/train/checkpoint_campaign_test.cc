@@ -367,6 +367,12 @@ TEST(ZipCheck, RefusesWhatLibTorchsReaderWouldTake) {
                     0),
             0u)
       << e;
+  // An entry marked as a directory (its external attributes' DOS bit 0x10): LibTorch's reader would
+  // leave its tensor's memory unread (found by the full campaign: one flip loaded a learning rate silently).
+  std::string directory = write_zip({pkl, version});
+  directory[directory.find("a/version", directory.find("PK\x01\x02")) - 46 + 38] = '\x10';
+  EXPECT_NE(error(directory).find("entry 'a/version' is marked as a directory"), std::string::npos);
+  EXPECT_NE(error(write_zip({pkl, version, entry("a/d/", "")})).find("marked as a directory"), std::string::npos);
   EXPECT_NE(error("PK"), "");
   EXPECT_NE(error(std::string(64, '\0')).find("no end of central directory"), std::string::npos);
 }
