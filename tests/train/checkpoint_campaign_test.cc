@@ -10,7 +10,12 @@
 // 16-mixed with a DynamicScaler where the CPU has fp16 autocast, true
 // precision with AdamW8bit, 64-true with user state and a StepLR, Float8
 // where the CPU has _scaled_mm), Fabric with two models, a Trainer with
-// DataParallel at rank 0 of 1 and with a ShardedOptimizer at world 1.
+// DataParallel at rank 0 of 1 and with a ShardedOptimizer at world 1, and
+// FullyShard's two formats loaded by load_fully_sharded at world 1: a
+// consolidated file, and a sharded set that two ranks (two threads, each its
+// own process group) saved, re-sharded (its manifest, and each rank file
+// damaged with the manifest re-signed for it or as saved; a rank file of
+// another save; a missing one; a manifest of another model or world size).
 // Damage: truncation at each 1%, bit flips at random offsets and in the zip
 // structure (end records, central directory, local headers, descriptors),
 // huge declared sizes (zip fields; a pickle's length and memo index with its
@@ -20,8 +25,9 @@
 // archives, written by LibTorch), and checkpoints of the other kinds.
 //
 // The seed is fixed. AMP_CAMPAIGN_CASES=N raises the random flips so that
-// the campaign holds about N cases (the documented run: 10000); by default
-// it runs a few thousand. AMP_CAMPAIGN_VERBOSE=1 prints each bad case.
+// the campaign holds about N cases (the documented run: 10000; truncation at
+// each 1%, every entry); by default it runs a few thousand (truncation at
+// each 2%, every other entry). AMP_CAMPAIGN_VERBOSE=1 prints each bad case.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -30,8 +36,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -44,11 +52,13 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "amp/detail/zip_check.h"
 #include "amp/distributed.h"
+#include "amp/distributed/fully_shard_checkpoint.h"
 #include "amp/optim/low_bit_adam.h"
 #include "amp/train/fabric.h"
 #include "amp/train/trainer.h"
@@ -357,6 +367,12 @@ TEST(ZipCheck, RefusesWhatLibTorchsReaderWouldTake) {
                     0),
             0u)
       << e;
+  // An entry marked as a directory (its external attributes' DOS bit 0x10): LibTorch's reader would
+  // leave its tensor's memory unread (found by the full campaign: one flip loaded a learning rate silently).
+  std::string directory = write_zip({pkl, version});
+  directory[directory.find("a/version", directory.find("PK\x01\x02")) - 46 + 38] = '\x10';
+  EXPECT_NE(error(directory).find("entry 'a/version' is marked as a directory"), std::string::npos);
+  EXPECT_NE(error(write_zip({pkl, version, entry("a/d/", "")})).find("marked as a directory"), std::string::npos);
   EXPECT_NE(error("PK"), "");
   EXPECT_NE(error(std::string(64, '\0')).find("no end of central directory"), std::string::npos);
 }
@@ -394,8 +410,18 @@ struct Subject {
   std::function<void()> step;
   std::function<void(const std::string&)> save, load;
   std::function<std::string()> state;  // the whole state, as the loader's own save_state writes it
+  std::function<State()> state_map;    // or the whole state already flattened
   std::shared_ptr<void> keep;          // owns the model, optimizer, trainer, ...
+  // A checkpoint of several files (FullyShard's sharded set): where the loads
+  // read it (its other files are named after it), those other files undamaged
+  // (path -> bytes), and what writes the set and loads it (the undamaged
+  // state), returning the bytes at case_path.
+  std::string case_path;
+  std::map<std::string, std::string> side_good;
+  std::function<std::string()> make_good;
 };
+
+State state_of(const Subject& s) { return s.state_map ? s.state_map() : state_of_bytes(s.state()); }
 
 amp::TrainerOptions quiet() { return amp::TrainerOptions().progress(false); }
 
@@ -463,6 +489,135 @@ amp::ProcessGroup& world_of_one() {
 
 using Bf16Mixed = amp::Mixed<amp::bf16, amp::NoScaler>;
 using Fp16Mixed = amp::Mixed<amp::fp16, amp::DynamicScaler>;
+
+// ---- FullyShard (amp/distributed/fully_shard_checkpoint.h) ----
+
+// A model without buffers (FullyShard shards parameters); 37 rows: padded shards at world 2.
+struct FsNetImpl : torch::nn::Module {
+  explicit FsNetImpl(int64_t width = 37)
+      : fc1(register_module("fc1", torch::nn::Linear(32, width))),
+        fc2(register_module("fc2", torch::nn::Linear(width, 16))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(FsNet);
+using FsTrainer = amp::Trainer<amp::True<amp::fp32>, amp::CPU>;
+
+// A Trainer under FullyShard in a process group: the net built before (by the caller's thread).
+struct FsRun {
+  FsNet net;
+  std::unique_ptr<amp::FullyShard> fsdp;
+  std::unique_ptr<torch::optim::AdamW> opt;
+  std::unique_ptr<FsTrainer> trainer;
+  FsRun(const amp::ProcessGroup& pg, FsNet n) : net(std::move(n)) {
+    fsdp = std::make_unique<amp::FullyShard>(pg, *net, std::vector<std::shared_ptr<torch::nn::Module>>{});
+    opt = std::make_unique<torch::optim::AdamW>(fsdp->parameters(), torch::optim::AdamWOptions(1e-3));
+    trainer = std::make_unique<FsTrainer>(net, *opt, quiet());
+    trainer->stepper().set_gradient_sync(fsdp.get());
+  }
+  void step(const torch::Tensor& x, const torch::Tensor& y) {
+    trainer->step([&](auto&) { return torch::cross_entropy_loss(fsdp->forward(net, x), y); });
+  }
+  // The whole state: the Trainer's archive (its optimizer, counters, generators; the model's own
+  // tensors are empty at rest) and every shard, under "fully_shard/".
+  State state() {
+    amp::detail::FullyShardArchiveSync view(0, {}, "");
+    State s = state_of_bytes(amp::detail::trainer_archive(*trainer, view));
+    const auto ps = fsdp->parameters();
+    for (size_t i = 0; i < ps.size(); ++i) s["fully_shard/" + std::to_string(i)] = repr(ps[i]);
+    return s;
+  }
+};
+
+FsNet make_fs_net(int64_t width = 37) {
+  torch::manual_seed(3);
+  return FsNet(width);
+}
+
+Subject fully_shard_subject(const std::string& kind, amp::FullyShardCheckpoint format, int64_t width = 37) {
+  auto run = std::make_shared<FsRun>(world_of_one(), make_fs_net(width));
+  FsRun* o = run.get();
+  Subject s;
+  s.kind = kind;
+  s.step = [o] {
+    const torch::Tensor x = torch::randn({24, 32});
+    const torch::Tensor y = torch::randint(0, 16, {24});
+    o->step(x, y);
+  };
+  s.save = [o, format](const std::string& p) { amp::save_fully_sharded(*o->trainer, p, format); };
+  s.load = [o](const std::string& p) { amp::load_fully_sharded(*o->trainer, p); };
+  s.state_map = [o] { return o->state(); };
+  s.keep = run;
+  return s;
+}
+
+std::string bytes_at(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f.good()) << path;
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// The rank files a manifest names (path -> bytes).
+std::map<std::string, std::string> set_files(const std::string& manifest) {
+  std::map<std::string, std::string> out;
+  torch::serialize::InputArchive a;
+  a.load_from(manifest);
+  const amp::detail::Manifest mf = amp::detail::read_manifest(a, manifest);
+  for (const auto& f : mf.files) out[f] = bytes_at(f);
+  return out;
+}
+
+// Two ranks (two threads, each its own process group of world 2) train two steps
+// and save a sharded set at `path`, then one more step and another set at
+// `stale` (its rank files: another save's). The nets are built here first.
+void write_two_rank_sets(const std::string& path, const std::string& stale) {
+  std::vector<FsNet> nets{make_fs_net(), make_fs_net()};
+  std::vector<torch::Tensor> xs, ys;
+  torch::manual_seed(61);
+  for (int i = 0; i < 6; ++i) {
+    xs.push_back(torch::randn({12, 32}));
+    ys.push_back(torch::randint(0, 16, {12}));
+  }
+  const int port = free_port();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        amp::ProcessInfo info;
+        info.rank = r;
+        info.world_size = 2;
+        info.local_rank = r;
+        info.master_port = port;
+        const amp::ProcessGroup pg = amp::init_process_group(
+            info, amp::ProcessGroupOptions().backend(amp::Backend::kGloo).timeout(std::chrono::seconds(60)).threads(1));
+        FsRun run(pg, nets[static_cast<size_t>(r)]);
+        for (int i = 0; i < 2; ++i) run.step(xs[static_cast<size_t>(2 * i + r)], ys[static_cast<size_t>(2 * i + r)]);
+        amp::save_fully_sharded(*run.trainer, path, amp::FullyShardCheckpoint::kSharded);
+        run.step(xs[static_cast<size_t>(4 + r)], ys[static_cast<size_t>(4 + r)]);
+        amp::save_fully_sharded(*run.trainer, stale, amp::FullyShardCheckpoint::kSharded);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+// A sharded set of two ranks loaded into a one-process FullyShard (re-sharded): its cases
+// damage the manifest (at case_path) and each rank file.
+Subject fully_shard_set_subject() {
+  Subject s = fully_shard_subject("FullyShard sharded set, 2 ranks loaded at world 1",
+                                  amp::FullyShardCheckpoint::kConsolidated);
+  s.case_path = tmp_path("campaign_set.pt");
+  auto load = s.load;
+  s.make_good = [load, path = s.case_path]() {
+    write_two_rank_sets(path, path + ".stale");
+    load(path);
+    return bytes_at(path);
+  };
+  return s;
+}
 
 std::vector<Subject> subjects() {
   std::vector<Subject> s;
@@ -544,6 +699,8 @@ std::vector<Subject> subjects() {
       [](amp::Trainer<Bf16Mixed, amp::CPU>& t, amp::ShardedOptimizer<torch::optim::AdamW>&) {
         return std::shared_ptr<void>(std::make_shared<amp::DataParallel>(world_of_one(), t));
       }));
+  s.push_back(fully_shard_subject("FullyShard consolidated, world 1", amp::FullyShardCheckpoint::kConsolidated));
+  s.push_back(fully_shard_set_subject());
   return s;
 }
 
@@ -592,7 +749,7 @@ std::string name_ending(const std::string& bytes, const std::string& tail) {
 // scheduler's step); the user's own tensor and integer ("user/ema", "user/best") may hold any value.
 bool constrained(const std::string& path) {
   for (const char* p : {"scaler/", "amp/step", "amp/epoch", "amp/batch_in_epoch", "amp/lr", "amp/rng/", "amp/format",
-                        "amp/models", "amp/optimizers", "amp/data_parallel/", "float8/", "user/lr"})
+                        "amp/models", "amp/optimizers", "amp/data_parallel/", "float8/", "user/lr", "amp/fully_shard/"})
     if (path.rfind(p, 0) == 0) return true;
   return false;
 }
@@ -607,10 +764,11 @@ void leaves(Node& n, const std::string& prefix, std::vector<std::pair<std::strin
 }
 
 std::vector<Case> damage(const std::string& good, const std::vector<std::string>& others, int64_t random_flips,
-                         int64_t structure_flips, std::mt19937_64& rng) {
+                         int64_t structure_flips, std::mt19937_64& rng, int truncation_step = 1,
+                         size_t entry_step = 1) {
   std::vector<Case> cases;
   const uint64_t n = good.size();
-  for (int pct = 0; pct < 100; ++pct)
+  for (int pct = 0; pct < 100; pct += truncation_step)
     cases.push_back({"truncated", "truncated at " + std::to_string(pct) + "%", good.substr(0, n * pct / 100)});
   for (int64_t i = 0; i < random_flips; ++i) {
     const uint64_t at = rng() % n;
@@ -679,7 +837,7 @@ std::vector<Case> damage(const std::string& good, const std::vector<std::string>
   }
   // Zip entries removed, renamed, duplicated (every CRC-32 valid).
   const auto raw = raw_entries(good);
-  for (size_t k = 0; k < raw.size(); ++k) {
+  for (size_t k = 0; k < raw.size(); k += entry_step) {
     auto removed = raw;
     removed.erase(removed.begin() + static_cast<std::ptrdiff_t>(k));
     cases.push_back({"entry removed", raw[k].name, write_zip(removed)});
@@ -757,6 +915,57 @@ std::vector<Case> damage(const std::string& good, const std::vector<std::string>
   return cases;
 }
 
+// A case's other files (a sharded set's rank files): those written instead of the undamaged ones, those left out.
+struct Side {
+  std::map<std::string, std::string> files;
+  std::vector<std::string> removed;
+};
+
+// The manifest with rank r's file's size and CRC-32 those of `bytes` (as if the damage came before the save).
+std::string resign(const std::string& manifest, int r, const std::string& bytes) {
+  Node tree = tree_of(manifest);
+  for (auto& [key, leaf] : tree.children) {
+    if (key == "amp/fully_shard/size" + std::to_string(r)) leaf.value = c10::IValue(static_cast<int64_t>(bytes.size()));
+    if (key == "amp/fully_shard/crc" + std::to_string(r))
+      leaf.value = c10::IValue(static_cast<int64_t>(amp::detail::crc32(0, bytes.data(), bytes.size())));
+  }
+  return bytes_of(tree);
+}
+
+// A sharded set's cases beyond its manifest's: each rank file damaged as any checkpoint (with the manifest
+// re-signed for it, so that the loader's own checks are reached; every 16th also with the manifest as saved;
+// fewer entries removed, renamed or duplicated than in the manifest),
+// the file of another save (stale), a missing file.
+void rank_file_cases(const std::string& manifest, const std::map<std::string, std::string>& side,
+                     const std::map<std::string, std::string>& stale, int64_t flips, int truncation_step,
+                     size_t entry_step, std::mt19937_64& rng, std::vector<Case>& cases, std::vector<Side>& sides) {
+  int r = 0;
+  auto stale_it = stale.begin();
+  for (const auto& [file, good] : side) {
+    const std::string rank = "rank " + std::to_string(r) + " file";
+    const std::vector<Case> fc = damage(good, {}, flips, flips / 2, rng, truncation_step, entry_step);
+    for (size_t i = 0; i < fc.size(); ++i) {
+      cases.push_back({rank + " (manifest re-signed): " + fc[i].damage, fc[i].what, resign(manifest, r, fc[i].bytes)});
+      sides.push_back({{{file, fc[i].bytes}}, {}});
+      if (i % 16 == 0) {
+        cases.push_back({rank + ": " + fc[i].damage, fc[i].what, manifest});
+        sides.push_back({{{file, fc[i].bytes}}, {}});
+      }
+    }
+    if (stale_it != stale.end()) {
+      cases.push_back({rank + ": another save's", stale_it->first, manifest});
+      sides.push_back({{{file, stale_it->second}}, {}});
+      cases.push_back(
+          {rank + " (manifest re-signed): another save's", stale_it->first, resign(manifest, r, stale_it->second)});
+      sides.push_back({{{file, stale_it->second}}, {}});
+      ++stale_it;
+    }
+    cases.push_back({rank + ": missing", file, manifest});
+    sides.push_back({{}, {file}});
+    ++r;
+  }
+}
+
 // ---- the campaign ----
 
 struct Counts {
@@ -764,20 +973,32 @@ struct Counts {
 };
 
 struct Result {
+  std::map<std::string, double> seconds;                        // kind -> time of its loads
   std::map<std::string, std::map<std::string, Counts>> counts;  // kind -> damage -> outcome counts
   std::vector<std::string> failures;
   int64_t cases = 0;
 };
 
-void run_cases(Subject& s, const std::vector<Case>& cases, const std::string& before_path, const State& ck,
-               Result& result) {
-  const std::string path = tmp_path("campaign_case.pt");
+void run_cases(Subject& s, const std::vector<Case>& cases, const std::vector<Side>& sides,
+               const std::string& before_path, const State& ck, Result& result) {
+  const std::string path = s.case_path.empty() ? tmp_path("campaign_case.pt") : s.case_path;
   const bool verbose = std::getenv("AMP_CAMPAIGN_VERBOSE") != nullptr;
-  State before = state_of_bytes(s.state());
-  for (const auto& c : cases) {
+  State before = state_of(s);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
     ++result.cases;
     Counts& counts = result.counts[s.kind][c.damage];
     write_file(path, c.bytes);
+    const Side none;
+    const Side& side = i < sides.size() ? sides[i] : none;
+    for (const auto& [file, bytes] : s.side_good) {
+      if (std::find(side.removed.begin(), side.removed.end(), file) != side.removed.end()) {
+        std::remove(file.c_str());
+        continue;
+      }
+      auto it = side.files.find(file);
+      write_file(file, it != side.files.end() ? it->second : bytes);
+    }
     std::string error, other;
     try {
       s.load(path);
@@ -791,7 +1012,7 @@ void run_cases(Subject& s, const std::vector<Case>& cases, const std::string& be
     State after;
     std::string wrong;
     try {
-      after = state_of_bytes(s.state());
+      after = state_of(s);
     } catch (const std::exception& e) {  // the load left a state that cannot even be saved
       wrong = std::string("the state cannot be saved after the load: ") + e.what();
     }
@@ -816,7 +1037,7 @@ void run_cases(Subject& s, const std::vector<Case>& cases, const std::string& be
     }
     if (error.empty() || !wrong.empty()) {  // back to the state before, for the next case
       s.load(before_path);
-      before = state_of_bytes(s.state());
+      before = state_of(s);
     }
   }
 }
@@ -834,16 +1055,21 @@ TEST(CheckpointCampaign, EveryDamagedCheckpointIsRefusedOrLoadsTheSameState) {
   std::vector<State> ck(all.size());
   for (size_t k = 0; k < all.size(); ++k) {
     auto& s = all[k];
-    s.step();
-    s.step();
-    const std::string path = tmp_path("campaign_good_" + std::to_string(k) + ".pt");
-    s.save(path);
-    good[k] = read_file(path);
-    ck[k] = state_of_bytes(s.state());
+    if (s.make_good) {
+      good[k] = s.make_good();
+      s.side_good = set_files(s.case_path);
+    } else {
+      s.step();
+      s.step();
+      const std::string path = tmp_path("campaign_good_" + std::to_string(k) + ".pt");
+      s.save(path);
+      good[k] = read_file(path);
+    }
+    ck[k] = state_of(s);
     s.step();
     before_paths[k] = tmp_path("campaign_before_" + std::to_string(k) + ".pt");
     s.save(before_paths[k]);
-    ASSERT_NE(state_of_bytes(s.state()), ck[k]) << s.kind << ": the state before must differ from the checkpoint's";
+    ASSERT_NE(state_of(s), ck[k]) << s.kind << ": the state before must differ from the checkpoint's";
   }
   // The same policy, another model (wider layers): refused by every kind of its policy.
   Subject wide = trainer_subject<Bf16Mixed, torch::optim::AdamW>(
@@ -851,27 +1077,59 @@ TEST(CheckpointCampaign, EveryDamagedCheckpointIsRefusedOrLoadsTheSameState) {
   wide.step();
   wide.save(tmp_path("campaign_wide.pt"));
   const std::string wide_bytes = read_file(tmp_path("campaign_wide.pt"));
+  // FullyShard's: another model's (wider) consolidated file and manifest, a manifest of world 1 (its
+  // rank files removed: a set of another world size whose files are not beside it).
+  std::vector<std::string> fully_shard_others;
+  for (const int64_t width : {48, 37}) {
+    Subject fs = fully_shard_subject("other", amp::FullyShardCheckpoint::kSharded, width);
+    fs.step();
+    const std::string set = tmp_path("campaign_fs_other_" + std::to_string(width) + ".pt");
+    fs.save(set);
+    fully_shard_others.push_back(read_file(set));
+    for (const auto& kv : set_files(set)) std::remove(kv.first.c_str());
+    if (width != 37) {
+      amp::save_fully_sharded(*static_cast<FsRun*>(fs.keep.get())->trainer, set);
+      fully_shard_others.push_back(read_file(set));
+    }
+  }
 
   // A few thousand cases by default; AMP_CAMPAIGN_CASES raises the random flips to reach it.
   const int64_t target = requested_cases();
   const int64_t fixed_per_kind = 400;  // about: truncation, sizes, entries, values, other kinds
   const int64_t flips =
-      target > 0 ? std::max<int64_t>(60, target / static_cast<int64_t>(all.size()) - fixed_per_kind) : 60;
+      target > 0 ? std::max<int64_t>(60, target / static_cast<int64_t>(all.size()) - fixed_per_kind) : 50;
+  // The full run: truncation at each 1% of the file, every entry removed, renamed, duplicated; by default
+  // each 2%, every other entry.
+  const int truncation_step = target > 0 ? 1 : 2;
+  const size_t entry_step = target > 0 ? 1 : 2;
   std::mt19937_64 rng(61);
   Result result;
   for (size_t k = 0; k < all.size(); ++k) {
     // Another policy's, another model's (wider, or Fabric's two against a Trainer's one).
     auto fabric = [&](size_t i) { return ck[i].count("amp/models") > 0; };
     std::vector<std::string> others;
+    // FullyShard's kinds (a model of their own): every other kind's, and the FullyShard ones above.
+    auto fully_shard = [&](size_t i) { return all[i].kind.rfind("FullyShard", 0) == 0; };
     if (!fabric(k)) others.push_back(wide_bytes);
     for (size_t j = 0; j < all.size(); ++j)
-      if (j != k && (ck[j].at("amp/precision") != ck[k].at("amp/precision") || fabric(j) != fabric(k)))
+      if (j != k && (ck[j].at("amp/precision") != ck[k].at("amp/precision") || fabric(j) != fabric(k) ||
+                     (fully_shard(k) && !fully_shard(j))))
         others.push_back(good[j]);
-    const std::vector<Case> cases = damage(good[k], others, flips, flips / 2, rng);
+    if (fully_shard(k)) others.insert(others.end(), fully_shard_others.begin(), fully_shard_others.end());
+    std::vector<Case> cases = damage(good[k], others, flips, flips / 2, rng, truncation_step, entry_step);
+    std::vector<Side> sides;
+    if (!all[k].side_good.empty()) {
+      for (auto& c : cases) c.damage = "manifest: " + c.damage;
+      sides.resize(cases.size());
+      rank_file_cases(good[k], all[k].side_good, set_files(all[k].case_path + ".stale"), flips / 2, truncation_step * 5,
+                      entry_step * 2, rng, cases, sides);
+    }
     const char* only = std::getenv("AMP_CAMPAIGN_KIND");  // to rerun one kind's cases (the same ones)
     if (only != nullptr && std::to_string(k) != only) continue;
     all[k].load(before_paths[k]);
-    run_cases(all[k], cases, before_paths[k], ck[k], result);
+    const auto kind_start = std::chrono::steady_clock::now();
+    run_cases(all[k], cases, sides, before_paths[k], ck[k], result);
+    result.seconds[all[k].kind] = std::chrono::duration<double>(std::chrono::steady_clock::now() - kind_start).count();
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -889,7 +1147,7 @@ TEST(CheckpointCampaign, EveryDamagedCheckpointIsRefusedOrLoadsTheSameState) {
   std::cout << "per kind:\n";
   for (const auto& [kind, c] : per_kind)
     std::cout << kind << " | " << c.refused + c.loaded_same + c.bad << " | " << c.refused << " | " << c.loaded_same
-              << " | " << c.bad << "\n";
+              << " | " << c.bad << " | " << result.seconds[kind] << " s\n";
   for (const auto& f : result.failures) ADD_FAILURE() << f;
   if (target > 0) {
     EXPECT_GE(result.cases, target);

@@ -144,6 +144,10 @@ inline std::vector<ZipEntry> check_zip(const ByteReader& read, uint64_t size, co
     z.header = le(c + 42, 4);
     if (le(c + 34, 2) != 0) fail(entry + " is on another disk");
     if (flags & 0x41u) fail(entry + " is encrypted");
+    // LibTorch's reader (miniz) reads an entry marked as a directory (the DOS
+    // attribute 0x10, or a name ending in '/') as empty, and leaves the
+    // tensor's memory as it was allocated: LibTorch never writes one.
+    if ((le(c + 38, 4) & 0x10u) != 0 || z.name.back() == '/') fail(entry + " is marked as a directory");
     if (z.method != 0 && z.method != 8) fail(entry + " has compression method " + std::to_string(z.method));
     // ZIP64 extended information: the fields that are 0xFFFFFFFF, in this
     // order.

@@ -458,6 +458,8 @@ void apply_prepared(T& trainer, ShardedModel& m, const std::string& prepare_erro
     std::istringstream in(p.archive);
     trainer.load_state(in);
   });
+  // Trainer::load_state reads the prepared archive, not the file: its refusal names the file here.
+  if (!error.empty()) error = "amp: " + what + ": " + (error.rfind("amp: ", 0) == 0 ? error.substr(5) : error);
   try {
     agree(pg, error, what);
   } catch (...) {
