@@ -213,8 +213,8 @@ TEST(PolicyLists, SupportedListsAreTheFilteredTable) {
   };
   std::vector<std::string> cpu = collect(amp::supported_policies<amp::CPU>);
   std::vector<std::string> cuda = collect(amp::supported_policies<amp::CUDA>);
-  EXPECT_EQ(cuda.size(), 8u + (amp::detail::compat::kHasFloat8Matmul ? 4u : 0u) +
-                             (amp::detail::compat::kHasFloat8Dtype ? 2u : 0u));
+  EXPECT_EQ(cuda.size(),
+            8u + (amp::detail::compat::kHasFloat8Matmul ? 4u : 0u) + (amp::detail::compat::kHasFloat8Dtype ? 2u : 0u));
   // all_policies has each recipe family once, with its defaults: Float8<Delayed<>>,
   // not Delayed<16, 2>; MXFP8<> (RCEIL), not kFloor; NVFP4<>, not NVFP4<true>.
   const std::set<std::string> not_listed = {"Float8<Delayed<16, 2>, NoScaler>", "Float8<MXFP8<kFloor>, NoScaler>",

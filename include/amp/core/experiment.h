@@ -37,8 +37,7 @@ namespace amp {
 inline constexpr auto all_policies =
     boost::hana::tuple_t<True<fp32>, True<tf32>, Mixed<bf16, NoScaler>, Mixed<fp16, DynamicScaler>,
                          Mixed<fp16, StaticScaler>, True<bf16>, True<fp16>, True<fp64>, Float8<Tensorwise>,
-                         Float8<Delayed<>>, Float8<Rowwise>, Float8<RowwiseWithGwHp>, Float8<MXFP8<>>,
-                         Float8<NVFP4<>>>;
+                         Float8<Delayed<>>, Float8<Rowwise>, Float8<RowwiseWithGwHp>, Float8<MXFP8<>>, Float8<NVFP4<>>>;
 
 namespace detail {
 template <class Device>
