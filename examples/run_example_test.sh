@@ -10,14 +10,15 @@ fail() { echo "FAIL ($name): $*"; exit 1; }
 case "$name" in
   precision_sweep)
     ffn=64  # the ladder's residual MLP: 256-[64-256]x2-16
-    "$bin" --device=cpu --steps=12 --batch-size=64 --hidden=64 --ffn=$ffn --ladder-steps=3 --csv=sweep.csv \
+    "$bin" --device=cpu --steps=12 --batch-size=64 --hidden=64 --ffn=$ffn --ladder-steps=3 --block-scaled --csv=sweep.csv \
       --plot=sweep.png >out.txt 2>err.txt || { cat out.txt err.txt; fail "exit code"; }
     cat out.txt
     grep -q "^precision *final loss *accuracy *steps/s *speedup *peak memory *skipped *loss scale" out.txt || fail "no table header"
     for p in 32-true bf16-mixed 64-true; do grep -q "^$p " out.txt || fail "no row for $p"; done
     [ "$(grep -c '^32-true,' sweep.csv)" -eq 12 ] || fail "sweep.csv lacks 12 steps of 32-true"
-    # The block-scaled Float8 recipes (all_policies' MXFP8<> and NVFP4<>) need the
-    # float8 dtypes: rows, 12 steps each and curves in the plot from LibTorch 2.1, none before.
+    # The block-scaled Float8 recipes (all_policies' MXFP8<> and NVFP4<>, swept with
+    # --block-scaled) need the float8 dtypes: rows, 12 steps each and curves in the
+    # plot from LibTorch 2.1, none before.
     read -r major minor < <(sed -nE 's/^precision sweep on cpu \(LibTorch ([0-9]+)\.([0-9]+);.*/\1 \2/p' out.txt) || true
     [ -n "${minor:-}" ] || fail "no LibTorch version in the table's title"
     for p in mxfp8-rceil nvfp4; do
