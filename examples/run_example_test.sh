@@ -10,12 +10,27 @@ fail() { echo "FAIL ($name): $*"; exit 1; }
 case "$name" in
   precision_sweep)
     ffn=64  # the ladder's residual MLP: 256-[64-256]x2-16
-    "$bin" --device=cpu --steps=12 --batch-size=64 --hidden=64 --ffn=$ffn --ladder-steps=3 --csv=sweep.csv \
+    "$bin" --device=cpu --steps=12 --batch-size=64 --hidden=64 --ffn=$ffn --ladder-steps=3 --block-scaled --csv=sweep.csv \
       --plot=sweep.png >out.txt 2>err.txt || { cat out.txt err.txt; fail "exit code"; }
     cat out.txt
     grep -q "^precision *final loss *accuracy *steps/s *speedup *peak memory *skipped *loss scale" out.txt || fail "no table header"
     for p in 32-true bf16-mixed 64-true; do grep -q "^$p " out.txt || fail "no row for $p"; done
     [ "$(grep -c '^32-true,' sweep.csv)" -eq 12 ] || fail "sweep.csv lacks 12 steps of 32-true"
+    # The block-scaled Float8 recipes (all_policies' MXFP8<> and NVFP4<>, swept with
+    # --block-scaled) need the float8 dtypes: rows, 12 steps each and curves in the
+    # plot from LibTorch 2.1, none before.
+    read -r major minor < <(sed -nE 's/^precision sweep on cpu \(LibTorch ([0-9]+)\.([0-9]+);.*/\1 \2/p' out.txt) || true
+    [ -n "${minor:-}" ] || fail "no LibTorch version in the table's title"
+    for p in mxfp8-rceil nvfp4; do
+      if [ "$major" -gt 2 ] || { [ "$major" -eq 2 ] && [ "$minor" -ge 1 ]; }; then
+        grep -qE "^$p +[0-9]" out.txt || fail "no row for $p"
+        [ "$(grep -c "^$p," sweep.csv)" -eq 12 ] || fail "sweep.csv lacks 12 steps of $p"
+        grep -q "^$p,[0-9]" sweep.summary.csv || fail "sweep.summary.csv lacks $p"
+        if command -v gnuplot >/dev/null; then grep -q "strcol(1) eq '$p'" sweep.png.gp || fail "no curve for $p"; fi
+      elif grep -q "^$p" out.txt; then
+        fail "$p ran on LibTorch $major.$minor, which has no float8 dtypes"
+      fi
+    done
     head -1 sweep.csv | grep -qx "precision,step,epoch,loss,scale,skipped,seconds" || fail "csv header"
     # Each policy's run says its optimizer path once (the warm-up run says nothing).
     policies=$(($(wc -l <sweep.summary.csv) - 1))

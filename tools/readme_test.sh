@@ -52,7 +52,8 @@ while IFS= read -r line; do
   case "$line" in "(computed for"*) continue ;; esac
   # The README shows LibTorch 1.13's matrix; from 2.3 the fp16 rows' CPU
   # column is "yes", and the Float8 rows' columns follow 2.5 (CUDA) and 2.8
-  # (CPU) (the README's version table says so).
+  # (CPU), the block-scaled ones' (MXFP8, NVFP4) 2.1 (the README's version
+  # table says so).
   older=${line%| yes | yes |}"| no | yes |"
   float8_older=$(sed -E 's/\| (yes|no) \| (yes|no) \|$/| no | no |/' <<<"$line")
   if ! grep -qxF -- "$line" "$readme" && ! { [[ "$line" == *fp16* ]] && grep -qxF -- "$older" "$readme"; } &&

@@ -19,6 +19,14 @@ std::string recipe_name() {
     return "Rowwise";
   else if constexpr (std::is_same_v<R, amp::RowwiseWithGwHp>)
     return "RowwiseWithGwHp";
+  else if constexpr (std::is_same_v<R, amp::MXFP8<amp::MxScaleMode::kRceil>>)
+    return "MXFP8<kRceil>";
+  else if constexpr (std::is_same_v<R, amp::MXFP8<amp::MxScaleMode::kFloor>>)
+    return "MXFP8<kFloor>";
+  else if constexpr (std::is_same_v<R, amp::NVFP4<false>>)
+    return "NVFP4<false>";
+  else if constexpr (std::is_same_v<R, amp::NVFP4<true>>)
+    return "NVFP4<true>";
   else
     return "Delayed<" + std::to_string(R::history_length) + ", " + std::to_string(R::margin) + ">";
 }
@@ -33,6 +41,30 @@ std::string type_name() {
   else
     return "`True<" + dtype_name<typename T::compute_type>() + ">`";
 }
+// What a Float8 policy's linears compute in: the block-scaled formats by name.
+template <class R>
+struct linears {
+  static constexpr const char* name = "fp8";
+};
+template <amp::MxScaleMode Mode>
+struct linears<amp::MXFP8<Mode>> {
+  static constexpr const char* name = "MXFP8";
+};
+template <bool SR>
+struct linears<amp::NVFP4<SR>> {
+  static constexpr const char* name = "NVFP4";
+};
+// The compute column. tf32 is fp32 storage with TensorFloat-32 matmul/conv math.
+template <class P>
+std::string compute_of() {
+  using T = amp::policy_traits<P>;
+  if constexpr (amp::detail::is_float8_v<P>)
+    return std::string(linears<typename T::recipe_type>::name) + " linears, bf16 (autocast)";
+  else if constexpr (std::is_same_v<typename T::compute_type, amp::tf32>)
+    return "tf32 (matmul/conv)";
+  else
+    return dtype_name<typename T::compute_type>() + (T::uses_autocast ? " (autocast)" : "");
+}
 }  // namespace
 
 int main() {
@@ -41,13 +73,9 @@ int main() {
   amp::for_each_policy([](auto p) {
     using P = typename decltype(p)::type;
     using T = amp::policy_traits<P>;
-    // tf32 is fp32 storage with TensorFloat-32 matmul/conv math.
     const std::string params =
         std::is_same_v<typename T::param_type, amp::tf32> ? "fp32" : dtype_name<typename T::param_type>();
-    const std::string compute = amp::detail::is_float8_v<P>                           ? "fp8 linears, bf16 (autocast)"
-                                : std::is_same_v<typename T::compute_type, amp::tf32> ? "tf32 (matmul/conv)"
-                                : T::uses_autocast ? dtype_name<typename T::compute_type>() + " (autocast)"
-                                                   : dtype_name<typename T::compute_type>();
+    const std::string compute = compute_of<P>();
     std::cout << "| " << type_name<P>() << " | `" << T::name << "` | " << params << " | " << compute << " | "
               << std::string(amp::detail::builtin_scaler<typename T::scaler_type>::name) << " | "
               << (amp::is_supported_v<P, amp::CPU> ? "yes" : "no") << " | "

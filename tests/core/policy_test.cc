@@ -58,6 +58,14 @@ std::map<std::string, Row> expected_table() {
   t["Float8<Rowwise, NoScaler>"] = {true, rw_cpu, f8_cuda};
   t["Float8<RowwiseWithGwHp, NoScaler>"] = {true, rw_cpu, f8_cuda};
   t["Float8<Rowwise, DynamicScaler>"] = {false, false, false};
+  // The block-scaled recipes run emulated: they need the float8 dtypes (2.1), not _scaled_mm.
+  const bool bs = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1);
+  t["Float8<MXFP8<>, NoScaler>"] = {true, bs, bs};
+  t["Float8<MXFP8<kFloor>, NoScaler>"] = {true, bs, bs};
+  t["Float8<NVFP4<>, NoScaler>"] = {true, bs, bs};
+  t["Float8<NVFP4<true>, NoScaler>"] = {true, bs, bs};
+  t["Float8<MXFP8<>, DynamicScaler>"] = {false, false, false};
+  t["Float8<NVFP4<>, StaticScaler>"] = {false, false, false};
   return t;
 }
 
@@ -91,8 +99,14 @@ TEST(PolicyTable, EveryCombinationMatchesTheRules) {
   float8_row("Float8<Rowwise, NoScaler>", hana::type_c<amp::Float8<amp::Rowwise>>);
   float8_row("Float8<RowwiseWithGwHp, NoScaler>", hana::type_c<amp::Float8<amp::RowwiseWithGwHp>>);
   float8_row("Float8<Rowwise, DynamicScaler>", hana::type_c<amp::Float8<amp::Rowwise, amp::DynamicScaler>>);
+  float8_row("Float8<MXFP8<>, NoScaler>", hana::type_c<amp::Float8<amp::MXFP8<>>>);
+  float8_row("Float8<MXFP8<kFloor>, NoScaler>", hana::type_c<amp::Float8<amp::MXFP8<amp::MxScaleMode::kFloor>>>);
+  float8_row("Float8<NVFP4<>, NoScaler>", hana::type_c<amp::Float8<amp::NVFP4<>>>);
+  float8_row("Float8<NVFP4<true>, NoScaler>", hana::type_c<amp::Float8<amp::NVFP4<true>>>);
+  float8_row("Float8<MXFP8<>, DynamicScaler>", hana::type_c<amp::Float8<amp::MXFP8<>, amp::DynamicScaler>>);
+  float8_row("Float8<NVFP4<>, StaticScaler>", hana::type_c<amp::Float8<amp::NVFP4<>, amp::StaticScaler>>);
   const auto expected = expected_table();
-  ASSERT_EQ(actual.size(), 31u);
+  ASSERT_EQ(actual.size(), 37u);
   ASSERT_EQ(expected.size(), actual.size());
   for (const auto& [name, row] : expected) {
     SCOPED_TRACE(name);
@@ -186,7 +200,7 @@ TEST(PolicyLists, AllPoliciesAreValidDistinctAndNamed) {
     names.insert(amp::precision_name<P>());
     ++n;
   });
-  EXPECT_EQ(n, 12u);
+  EXPECT_EQ(n, 14u);
   EXPECT_EQ(names.size(), n);
 }
 
@@ -199,10 +213,14 @@ TEST(PolicyLists, SupportedListsAreTheFilteredTable) {
   };
   std::vector<std::string> cpu = collect(amp::supported_policies<amp::CPU>);
   std::vector<std::string> cuda = collect(amp::supported_policies<amp::CUDA>);
-  EXPECT_EQ(cuda.size(), amp::detail::compat::kHasFloat8Matmul ? 12u : 8u);
+  EXPECT_EQ(cuda.size(),
+            8u + (amp::detail::compat::kHasFloat8Matmul ? 4u : 0u) + (amp::detail::compat::kHasFloat8Dtype ? 2u : 0u));
+  // all_policies has each recipe family once, with its defaults: Float8<Delayed<>>,
+  // not Delayed<16, 2>; MXFP8<> (RCEIL), not kFloor; NVFP4<>, not NVFP4<true>.
+  const std::set<std::string> not_listed = {"Float8<Delayed<16, 2>, NoScaler>", "Float8<MXFP8<kFloor>, NoScaler>",
+                                            "Float8<NVFP4<true>, NoScaler>"};
   std::size_t expected_cpu = 0;
-  for (const auto& [name, row] : expected)  // all_policies has Float8<Delayed<>>, not Delayed<16, 2>
-    expected_cpu += row.cpu && name != "Float8<Delayed<16, 2>, NoScaler>";
+  for (const auto& [name, row] : expected) expected_cpu += row.cpu && !not_listed.count(name);
   // 16-mixed-static shares Mixed<fp16, StaticScaler>'s row.
   EXPECT_EQ(cpu.size(), expected_cpu);
   EXPECT_NE(std::find(cpu.begin(), cpu.end(), "bf16-mixed"), cpu.end());
@@ -212,6 +230,10 @@ TEST(PolicyLists, SupportedListsAreTheFilteredTable) {
   EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "16-mixed") != cpu.end(), cpu16);
   EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "fp8-delayed") != cpu.end(), amp::detail::libtorch_at_least(2, 8));
   EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "fp8-rowwise") != cpu.end(), amp::detail::libtorch_at_least(2, 14));
+  for (const char* block_scaled : {"mxfp8-rceil", "nvfp4"}) {
+    EXPECT_EQ(std::find(cpu.begin(), cpu.end(), block_scaled) != cpu.end(), amp::detail::libtorch_at_least(2, 1));
+    EXPECT_EQ(std::find(cuda.begin(), cuda.end(), block_scaled) != cuda.end(), amp::detail::libtorch_at_least(2, 1));
+  }
 }
 
 // Typed tests over the compile-time list, named by precision string.
@@ -257,6 +279,32 @@ TEST(DispatchPrecision, ReturnsTheResultByValue) {
   const std::vector<std::string> v = amp::dispatch_precision<amp::CPU>("32", make);
   ASSERT_EQ(v.size(), 64u);
   EXPECT_EQ(v.back(), std::string(100, 'x') + "32-true");
+}
+
+// The block-scaled recipes by name: their default types where LibTorch has the
+// float8 dtypes (2.1+), else a clear error naming the LibTorch version.
+TEST(DispatchPrecision, BlockScaledNamesReachTheirDefaultRecipes) {
+  for (const std::string name : {"mxfp8-rceil", "nvfp4"}) {
+    SCOPED_TRACE(name);
+    if (amp::detail::libtorch_at_least(2, 1)) {
+      const bool same = amp::dispatch_precision<amp::CPU>(name, [&](auto p) {
+        using P = typename decltype(p)::type;
+        return name == "nvfp4" ? std::is_same_v<P, amp::Float8<amp::NVFP4<>>>
+                               : std::is_same_v<P, amp::Float8<amp::MXFP8<>>>;
+      });
+      EXPECT_TRUE(same);
+    } else {
+      try {
+        amp::dispatch_precision<amp::CPU>(name, [](auto) {});
+        FAIL() << "no throw";
+      } catch (const c10::Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("amp: precision \"" + name + "\" is not supported on cpu with LibTorch 1."),
+                  std::string::npos)
+            << msg;
+      }
+    }
+  }
 }
 
 TEST(DispatchPrecision, UnknownStringThrowsWithTheList) {

@@ -4,11 +4,12 @@
 //     using P = typename decltype(policy)::type;  run<P>(); });
 //   amp::dispatch_precision<amp::CPU>("bf16-mixed", [](auto policy) { ... });
 //
-// all_policies lists every built-in policy once (Float8 with Delayed<>, TE's
-// defaults, for the delayed recipe); supported_policies<Device> is
-// computed from it with hana::filter over is_supported_v, so the per-device
-// lists follow the LibTorch version instead of being written by hand. Adding a
-// policy to all_policies adds it to every sweep, typed test and dispatch.
+// all_policies lists every built-in policy once, a recipe family by its
+// defaults (Float8<Delayed<>>: TE's; Float8<MXFP8<>>: RCEIL; Float8<NVFP4<>>:
+// no stochastic rounding); supported_policies<Device> is computed from it with
+// hana::filter over is_supported_v, so the per-device lists follow the
+// LibTorch version instead of being written by hand. Adding a policy to
+// all_policies adds it to every sweep, typed test and dispatch.
 #pragma once
 
 #include <boost/hana/at_key.hpp>
@@ -36,7 +37,7 @@ namespace amp {
 inline constexpr auto all_policies =
     boost::hana::tuple_t<True<fp32>, True<tf32>, Mixed<bf16, NoScaler>, Mixed<fp16, DynamicScaler>,
                          Mixed<fp16, StaticScaler>, True<bf16>, True<fp16>, True<fp64>, Float8<Tensorwise>,
-                         Float8<Delayed<>>, Float8<Rowwise>, Float8<RowwiseWithGwHp>>;
+                         Float8<Delayed<>>, Float8<Rowwise>, Float8<RowwiseWithGwHp>, Float8<MXFP8<>>, Float8<NVFP4<>>>;
 
 namespace detail {
 template <class Device>
