@@ -153,11 +153,7 @@ at::Tensor block_scaled_linear(const at::Tensor& input, const at::Tensor& weight
     y = Nvfp4Matmul::apply(x, w, Recipe::stochastic_rounding);
   }
   if (x.size(0) != x2d.size(0)) y = y.narrow(0, 0, x2d.size(0));
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape.back() = weight.size(0);
-  y = y.reshape(shape);
-  if (bias && bias->defined()) y = y + bias->to(y.scalar_type());
-  return y;
+  return finish_linear(y, input, weight, bias);
 }
 
 #endif  // AMP_DETAIL_HAS_FLOAT8_DTYPE

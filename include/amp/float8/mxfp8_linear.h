@@ -80,6 +80,17 @@ inline bool mxfp8_fits(const at::Tensor& weight, int64_t rows) {
 }
 
 // y = x·Wᵀ (+ b) with the three GEMMs in MXFP8 (see the top of this file).
+// A block-scaled GEMM's 2-D output y back in input's shape (the last
+// dimension out_features), the bias added after in y's dtype.
+inline at::Tensor finish_linear(at::Tensor y, const at::Tensor& input, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias) {
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape.back() = weight.size(0);
+  y = y.reshape(shape);
+  if (bias && bias->defined()) y = y + bias->to(y.scalar_type());
+  return y;
+}
+
 inline at::Tensor mxfp8_linear(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                MxScale mode, bool wgrad_hp = false) {
   TORCH_CHECK(input.dim() >= 1 && input.size(-1) == weight.size(1), "amp: mxfp8_linear got input ", input.sizes(),
@@ -87,12 +98,7 @@ inline at::Tensor mxfp8_linear(const at::Tensor& input, const at::Tensor& weight
   const at::Tensor x = input.reshape({-1, input.size(-1)});
   TORCH_CHECK(mxfp8_fits(weight, x.size(0)), "amp: an MXFP8 linear blocks its rows, in_features and out_features ",
               "by 32; got ", x.size(0), " rows and a weight ", weight.sizes(), ": use at::linear for this layer");
-  at::Tensor y = Mxfp8Matmul::apply(x, weight, static_cast<int64_t>(mode), wgrad_hp);
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape.back() = weight.size(0);
-  y = y.reshape(shape);
-  if (bias && bias->defined()) y = y + bias->to(y.scalar_type());
-  return y;
+  return finish_linear(Mxfp8Matmul::apply(x, weight, static_cast<int64_t>(mode), wgrad_hp), input, weight, bias);
 }
 
 #endif  // AMP_DETAIL_HAS_FLOAT8_DTYPE
