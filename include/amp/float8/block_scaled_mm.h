@@ -66,13 +66,16 @@ inline at::Tensor to_blocked(const at::Tensor& scale) {
   const int64_t rows = scale.size(0), cols = scale.size(1);
   const int64_t row_tiles = (rows + kScaleTileRows - 1) / kScaleTileRows;
   const int64_t col_tiles = (cols + kScaleTileCols - 1) / kScaleTileCols;
-  at::Tensor padded = scale;
+  // Moved as bytes (a zero byte is torch.zeros' 0 in e8m0 and e4m3 alike), so
+  // no kernel of the scale's own dtype is needed on any device.
+  const at::Tensor bytes = scale.view(at::kByte);
+  at::Tensor padded = bytes;
   if (rows != row_tiles * kScaleTileRows || cols != col_tiles * kScaleTileCols) {
-    padded = at::zeros({row_tiles * kScaleTileRows, col_tiles * kScaleTileCols}, scale.options());
-    padded.narrow(0, 0, rows).narrow(1, 0, cols).copy_(scale);
+    padded = at::zeros({row_tiles * kScaleTileRows, col_tiles * kScaleTileCols}, bytes.options());
+    padded.narrow(0, 0, rows).narrow(1, 0, cols).copy_(bytes);
   }
   const at::Tensor tiles = padded.reshape({row_tiles, kScaleTileRows, col_tiles, kScaleTileCols}).permute({0, 2, 1, 3});
-  return tiles.reshape({-1, 4, 32, 4}).transpose(1, 2).reshape({-1, 32, 16}).flatten();
+  return tiles.reshape({-1, 4, 32, 4}).transpose(1, 2).reshape({-1, 32, 16}).flatten().view(scale.scalar_type());
 }
 
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
