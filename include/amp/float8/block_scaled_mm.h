@@ -19,8 +19,10 @@
 //   - the device runs it: asked once per device and format by a 128x128x128
 //     probe (block_scaled_mm_probe below) whose exact answer is known, so the
 //     compute capability (10.0+), the CUDA build (cuBLAS 12.8+) and amp's
-//     layout are checked together, with no CUDA header. A probe that runs but
-//     disagrees turns the route off with a warning.
+//     layout are checked together, with no CUDA header (2.14's CPU headers
+//     have no compute-capability query: CUDAHooksInterface's isGPUArch is
+//     ROCm's, at::accelerator::getDeviceCapability lists dtypes). A probe
+//     that runs but disagrees turns the route off with a warning.
 // The call: a [M, K] row-major, b's codes [N, K] passed transposed (the
 // column-major [K, N] cuBLAS wants), each scale matrix swizzled by to_blocked
 // (cuBLAS's 128x4 tiled layout) and flattened; MXFP8 with e8m0 scales of
@@ -133,7 +135,7 @@ inline std::pair<Nvfp4Blocks, Nvfp4Blocks> nvfp4_probe_operands(const c10::Devic
     const at::Tensor i = at::arange(128, at::kLong).view({128, 1}), j = at::arange(64, at::kLong).view({1, 64});
     const at::Tensor packed = at::remainder(i * (5 + salt) + j * 11, 256).to(at::kByte);  // two E2M1 codes a byte
     const at::Tensor bi = at::arange(128, at::kLong).view({128, 1}), bj = at::arange(8, at::kLong).view({1, 8});
-    const at::Tensor exps = at::remainder(bi + bj * (3 + salt), 3) - 1;  // scales 0.5, 1, 2
+    const at::Tensor exps = at::remainder(bi + bj * (1 + salt), 3) - 1;  // scales 0.5, 1, 2
     const at::Tensor s = at::pow(at::full({128, 8}, 2.0, at::kFloat), exps.to(at::kFloat)).to(at::kFloat8_e4m3fn);
     // A tensor amax of 448 * 6 makes each tensor scale exactly 1.
     const at::Tensor amax = at::full({1}, amp::detail::kFloat8E4M3Max * kFp4Max, at::kFloat);
