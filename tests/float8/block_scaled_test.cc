@@ -288,7 +288,7 @@ TEST(BlockScaledMm, OffCudaEveryGemmIsEmulated) {
 #if AMP_DETAIL_HAS_BLOCK_SCALED_MM
 // The probe's premise, on the CPU: its emulated product is exact in fp32 (the
 // fp64 product is the same), so a right route matches it bit for bit in any
-// summation order; and a scale read from the wrong block changes it.
+// summation order; and a scale read from the wrong block or row changes it.
 TEST(BlockScaledMm, TheProbesAnswerIsExactAndSeesAMisplacedScale) {
   const c10::Device cpu(torch::kCPU);
   const auto mx = bs::mx_probe_operands(cpu);
@@ -296,18 +296,22 @@ TEST(BlockScaledMm, TheProbesAnswerIsExactAndSeesAMisplacedScale) {
   const torch::Tensor mx64 = bs::mx_mm_emulated(mx.first, torch::kDouble, mx.second, torch::kDouble);
   EXPECT_TRUE(torch::equal(mx32.to(torch::kDouble), mx64));
   EXPECT_GT(mx32.abs().max().item<float>(), 0.0f);
-  const bs::MxBlocks moved{mx.first.data, bs::as_e8m0(bs::e8m0_bytes(mx.first.scale).roll(1, 1))};
-  EXPECT_FALSE(torch::equal(bs::mx_mm_emulated(moved, torch::kFloat, mx.second, torch::kFloat).to(torch::kBFloat16),
-                            mx32.to(torch::kBFloat16)));
+  for (int64_t dim : {0, 1}) {  // a scale one block along K, or one row, off
+    const bs::MxBlocks moved{mx.first.data, bs::as_e8m0(bs::e8m0_bytes(mx.first.scale).roll(1, dim))};
+    EXPECT_FALSE(torch::equal(bs::mx_mm_emulated(moved, torch::kFloat, mx.second, torch::kFloat).to(torch::kBFloat16),
+                              mx32.to(torch::kBFloat16)));
+  }
   const auto nv = bs::nvfp4_probe_operands(cpu);
   const torch::Tensor nv32 = bs::nvfp4_mm_emulated(nv.first, nv.second, torch::kFloat);
   const torch::Tensor nv64 =
       at::mm(bs::from_nvfp4(nv.first, torch::kDouble), bs::from_nvfp4(nv.second, torch::kDouble).t());
   EXPECT_TRUE(torch::equal(nv32.to(torch::kDouble), nv64));
-  const bs::Nvfp4Blocks nv_moved{nv.first.data, nv.first.scale.view(torch::kByte).roll(1, 1).view(at::kFloat8_e4m3fn),
-                                 nv.first.global_amax};
-  EXPECT_FALSE(torch::equal(bs::nvfp4_mm_emulated(nv_moved, nv.second, torch::kBFloat16),
-                            bs::nvfp4_mm_emulated(nv.first, nv.second, torch::kBFloat16)));
+  for (int64_t dim : {0, 1}) {
+    const bs::Nvfp4Blocks moved{nv.first.data, nv.first.scale.view(torch::kByte).roll(1, dim).view(at::kFloat8_e4m3fn),
+                                nv.first.global_amax};
+    EXPECT_FALSE(torch::equal(bs::nvfp4_mm_emulated(moved, nv.second, torch::kBFloat16),
+                              bs::nvfp4_mm_emulated(nv.first, nv.second, torch::kBFloat16)));
+  }
 }
 #endif
 
