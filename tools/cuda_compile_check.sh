@@ -21,7 +21,7 @@ printf '#include <torch/torch.h>
 #endif
 int main() {}
 ' >"$on"
-units=("$on" tests/capture/capture_cuda_test.cc tests/train/activation_meter_test.cc tests/parity/parity.cc "bench/fused_step_bench.cc -DAMP_LIBTORCH_HAS_CUDA=1"
+units=("$on" tests/capture/capture_cuda_test.cc tests/train/activation_meter_test.cc tests/float8/block_scaled_test.cc tests/parity/parity.cc "bench/fused_step_bench.cc -DAMP_LIBTORCH_HAS_CUDA=1"
        "bench/float8_ffn_bench.cc -DAMP_LIBTORCH_HAS_CUDA=1")
 for f in tests/*/*_test.cc; do
   grep -q 'AMP_DETAIL_HAS_NCCL' "$f" && units+=("$f")

@@ -1,12 +1,16 @@
-// Tests for amp/float8/mxfp8.h, mxfp8_linear.h and nvfp4.h: the block-scaled quantizers
+// Tests for amp/float8/mxfp8.h, mxfp8_linear.h, nvfp4.h and block_scaled_mm.h: the block-scaled quantizers
 // against hand-computed scale bytes and codes (each scale mode at its
 // boundaries, inf and NaN, the clamp, NVFP4's packing and tensor scale, the
 // Hadamard matrix), NVFP4's stochastic rounding (unbiased over 10^6 draws,
-// reproducible), the bytes they keep, and their amp: errors. Bit-for-bit agreement with torchao
+// reproducible), the bytes they keep, their amp: errors, the scale swizzle
+// against cuBLAS's documented layout, where a GEMM goes (emulated off CUDA),
+// and, on a CUDA device of compute capability 10.0+, the routed _scaled_mm
+// against the emulated GEMM (elsewhere that test says why it skipped). Bit-for-bit agreement with torchao
 // and Transformer Engine is tests/parity/block_scaled_parity_test. Needs the
 // float8 dtypes (LibTorch 2.1+); before, one test says it skipped.
 //
 //   bazel test //tests:float8_test
+#include "amp/float8/block_scaled_mm.h"
 #include "amp/float8/mxfp8.h"
 #include "amp/float8/mxfp8_linear.h"
 #include "amp/float8/nvfp4.h"
@@ -19,10 +23,16 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "amp/detail/compat_cuda.h"
 #include "amp/detail/compat_float8.h"
 #include "../error_of.h"
+
+#if AMP_DETAIL_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 namespace float8_test {  // a layer's test files share one TU (tests/BUILD.bazel)
 namespace {
@@ -230,6 +240,118 @@ TEST(BlockScaled, BadInputIsAnAmpErrorNamingTheFix) {
               bs::from_mx({q.data, q.scale.narrow(0, 0, 1)}, torch::kFloat);
             }).find("amp: an MX tensor"),
             std::string::npos);
+}
+
+// cuBLAS's 1-D block scaling layout (cuBLAS docs, "1D Block Scaling Factors
+// Layout"): scale (r, c) of a [rows, cols] matrix sits in 128x4 tile
+// (r / 128, c / 4), tiles in row-major order of 512 bytes, at
+// (r % 32) * 16 + (r % 128 / 32) * 4 + c % 4 within it; the rest is zero.
+TEST(BlockScaledMm, ToBlockedPlacesEachScaleWhereCublasReadsIt) {
+  torch::manual_seed(3);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {130, 9}, {256, 8}, {5, 130}}) {
+    const torch::Tensor s = torch::randint(1, 256, {rows, cols}, torch::kByte);
+    const torch::Tensor out = bs::to_blocked(s);
+    const int64_t row_tiles = (rows + 127) / 128, col_tiles = (cols + 3) / 4;
+    ASSERT_EQ(out.dim(), 1);
+    ASSERT_EQ(out.numel(), row_tiles * 128 * col_tiles * 4);
+    EXPECT_EQ(out.scalar_type(), torch::kByte);
+    torch::Tensor expected = torch::zeros({out.numel()}, torch::kByte);
+    const auto src = s.accessor<uint8_t, 2>();
+    auto dst = expected.accessor<uint8_t, 1>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        dst[((r / 128) * col_tiles + c / 4) * 512 + (r % 32) * 16 + (r % 128 / 32) * 4 + c % 4] = src[r][c];
+    EXPECT_TRUE(torch::equal(out, expected)) << rows << "x" << cols;
+  }
+  const torch::Tensor e4m3 = torch::full({3, 2}, 0.5).to(at::kFloat8_e4m3fn);
+  EXPECT_EQ(bs::to_blocked(e4m3).scalar_type(), at::kFloat8_e4m3fn);  // the scales keep their dtype
+  EXPECT_NE(error_of([] {
+              bs::to_blocked(torch::ones({2, 2, 2}, torch::kByte));
+            }).find("amp: to_blocked swizzles"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { bs::to_blocked(torch::ones({2, 2})); }).find("one-byte scales"), std::string::npos);
+}
+
+// Off CUDA every GEMM is the emulated one, bit for bit, whatever the LibTorch.
+TEST(BlockScaledMm, OffCudaEveryGemmIsEmulated) {
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({32, 64}).to(torch::kBFloat16), w = torch::randn({48, 64}).to(torch::kBFloat16);
+  EXPECT_FALSE(bs::routes_to_scaled_mm(x.device(), bs::BlockFormat::kMxfp8, 32, 48, 64, torch::kBFloat16));
+  EXPECT_FALSE(bs::routes_to_scaled_mm(x.device(), bs::BlockFormat::kNvfp4, 32, 48, 64, torch::kBFloat16));
+  const bs::MxBlocks a = bs::to_mx(x, bs::MxScale::kRceil), b = bs::to_mx(w, bs::MxScale::kRceil);
+  EXPECT_TRUE(torch::equal(bs::mx_mm(a, torch::kBFloat16, b, torch::kBFloat16),
+                           bs::mx_mm_emulated(a, torch::kBFloat16, b, torch::kBFloat16)));
+  const bs::Nvfp4Blocks p = bs::to_nvfp4(x), q = bs::to_nvfp4(w, true);
+  EXPECT_TRUE(torch::equal(bs::nvfp4_mm(p, q, torch::kBFloat16), bs::nvfp4_mm_emulated(p, q, torch::kBFloat16)));
+}
+
+#if AMP_DETAIL_HAS_BLOCK_SCALED_MM
+// The probe's premise, on the CPU: its emulated product is exact in fp32 (the
+// fp64 product is the same), so a right route matches it bit for bit in any
+// summation order; and a scale read from the wrong block or row changes it.
+TEST(BlockScaledMm, TheProbesAnswerIsExactAndSeesAMisplacedScale) {
+  const c10::Device cpu(torch::kCPU);
+  const auto mx = bs::mx_probe_operands(cpu);
+  const torch::Tensor mx32 = bs::mx_mm_emulated(mx.first, torch::kFloat, mx.second, torch::kFloat);
+  const torch::Tensor mx64 = bs::mx_mm_emulated(mx.first, torch::kDouble, mx.second, torch::kDouble);
+  EXPECT_TRUE(torch::equal(mx32.to(torch::kDouble), mx64));
+  EXPECT_GT(mx32.abs().max().item<float>(), 0.0f);
+  for (int64_t dim : {0, 1}) {  // a scale one block along K, or one row, off
+    const bs::MxBlocks moved{mx.first.data, bs::as_e8m0(bs::e8m0_bytes(mx.first.scale).roll(1, dim))};
+    EXPECT_FALSE(torch::equal(bs::mx_mm_emulated(moved, torch::kFloat, mx.second, torch::kFloat).to(torch::kBFloat16),
+                              mx32.to(torch::kBFloat16)));
+  }
+  const auto nv = bs::nvfp4_probe_operands(cpu);
+  const torch::Tensor nv32 = bs::nvfp4_mm_emulated(nv.first, nv.second, torch::kFloat);
+  const torch::Tensor nv64 =
+      at::mm(bs::from_nvfp4(nv.first, torch::kDouble), bs::from_nvfp4(nv.second, torch::kDouble).t());
+  EXPECT_TRUE(torch::equal(nv32.to(torch::kDouble), nv64));
+  for (int64_t dim : {0, 1}) {
+    const bs::Nvfp4Blocks moved{nv.first.data, nv.first.scale.view(torch::kByte).roll(1, dim).view(at::kFloat8_e4m3fn),
+                                nv.first.global_amax};
+    EXPECT_FALSE(torch::equal(bs::nvfp4_mm_emulated(moved, nv.second, torch::kBFloat16),
+                              bs::nvfp4_mm_emulated(nv.first, nv.second, torch::kBFloat16)));
+  }
+}
+#endif
+
+// On a CUDA device of compute capability 10.0+ with LibTorch 2.8+: the
+// device passes the exact probe, and the routed GEMMs (which sum in another
+// order and, for NVFP4, scale after a bf16 product) stay within a few bf16
+// steps of the emulated ones. Never run so far: no such device was lent.
+TEST(BlockScaledMm, RoutedScaledMmAgreesWithTheEmulationOnComputeCapability10) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device: the routed block-scaled _scaled_mm is unverified here";
+#if !AMP_DETAIL_HAS_BLOCK_SCALED_MM
+  GTEST_SKIP() << "LibTorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR
+               << " has no block-scaled _scaled_mm (2.8+): the GEMMs run emulated";
+#endif
+#if AMP_DETAIL_WITH_CUDA
+  const cudaDeviceProp* props = at::cuda::getDeviceProperties(0);
+  if (props->major < 10)
+    GTEST_SKIP() << "the block-scaled _scaled_mm needs compute capability 10.0+ (sm_100); this GPU is " << props->major
+                 << "." << props->minor << ": the GEMMs run emulated";
+#else
+  GTEST_SKIP() << "built without LibTorch's CUDA headers: the compute capability cannot be asked";
+#endif
+#if AMP_DETAIL_HAS_BLOCK_SCALED_MM  // compiled wherever the route is (2.14 CPU too), run where it applies
+  const c10::Device cuda(torch::kCUDA, 0);
+  ASSERT_TRUE(bs::device_runs_block_scaled_mm(cuda, bs::BlockFormat::kMxfp8));
+  ASSERT_TRUE(bs::device_runs_block_scaled_mm(cuda, bs::BlockFormat::kNvfp4));
+  torch::manual_seed(7);
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(cuda);
+  const torch::Tensor x = torch::randn({256, 512}, bf16), w = torch::randn({384, 512}, bf16);
+  auto close = [](const torch::Tensor& routed, const torch::Tensor& emulated) {
+    const torch::Tensor r = routed.to(torch::kFloat), e = emulated.to(torch::kFloat);
+    return (r - e).abs().max().item<float>() <= e.abs().max().item<float>() / 64;
+  };
+  const bs::MxBlocks a = bs::to_mx(x, bs::MxScale::kRceil), b = bs::to_mx(w, bs::MxScale::kRceil);
+  EXPECT_TRUE(bs::routes_to_scaled_mm(cuda, bs::BlockFormat::kMxfp8, 256, 384, 512, torch::kBFloat16));
+  EXPECT_TRUE(close(bs::mx_mm(a, torch::kBFloat16, b, torch::kBFloat16),
+                    bs::mx_mm_emulated(a, torch::kBFloat16, b, torch::kBFloat16)));
+  const bs::Nvfp4Blocks p = bs::to_nvfp4(x), q = bs::to_nvfp4(w, true);
+  EXPECT_TRUE(close(bs::nvfp4_mm(p, q, torch::kBFloat16), bs::nvfp4_mm_emulated(p, q, torch::kBFloat16)));
+#endif
 }
 #else
 TEST(BlockScaled, NeedsFloat8Dtypes) {

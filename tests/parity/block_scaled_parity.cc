@@ -21,6 +21,11 @@
 //                  MXFP8Linear), SGD with momentum: RCEIL, FLOOR, RCEIL with
 //                  a high-precision wgrad; the losses (bits) and the final
 //                  parameters
+//   OUT/cpp_swizzle.pt per scale matrix (random bytes of shapes around
+//                  cuBLAS's 128x4 tile, then an MXFP8 and an NVFP4 tensor's
+//                  real scales): the input bytes, then to_blocked
+//                  (amp/float8/block_scaled_mm.h) of it as bytes, as e4m3 and,
+//                  from LibTorch 2.8, as e8m0, each output as bytes
 //   OUT/cpp_blocks.pt per policy (Float8<MXFP8<>>, Float8<MXFP8<kFloor>>,
 //                  Float8<NVFP4<>>), a 2-block transformer trained 50 steps
 //                  by amp::Trainer (bf16 autocast, every linear but the head
@@ -31,6 +36,7 @@
 
 #include "parity_io.h"
 #include <amp/amp.h>
+#include <amp/float8/block_scaled_mm.h>
 #include <amp/float8/mxfp8.h>
 #include <amp/float8/mxfp8_linear.h>
 #include <amp/float8/nvfp4.h>
@@ -269,6 +275,23 @@ void run(const std::string& out) {
     nvfp4.push_back(q.global_amax.view(torch::kInt));
   }
   save(out + "/cpp_nvfp4.pt", nvfp4);
+  std::vector<at::Tensor> swizzled;
+  torch::manual_seed(17);
+  std::vector<at::Tensor> scales;
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {128, 4}, {130, 9}, {257, 12}, {64, 2}, {256, 8}, {5, 130}})
+    scales.push_back(torch::randint(0, 256, {rows, cols}, torch::kByte));
+  scales.push_back(bytes(f8::to_mx(torch::randn({200, 320}), f8::MxScale::kRceil).scale));
+  scales.push_back(bytes(f8::to_nvfp4(torch::randn({48, 96})).scale));
+  for (const at::Tensor& s : scales) {
+    swizzled.push_back(s);
+    swizzled.push_back(bytes(f8::to_blocked(s)));
+    swizzled.push_back(bytes(f8::to_blocked(s.view(at::kFloat8_e4m3fn))));
+#if AMP_DETAIL_HAS_BLOCK_SCALED_DTYPES
+    swizzled.push_back(bytes(f8::to_blocked(f8::as_e8m0(s))));
+#endif
+  }
+  save(out + "/cpp_swizzle.pt", swizzled);
   std::vector<at::Tensor> trained;
   for (const auto& [mode, hp] : {std::pair{f8::MxScale::kRceil, false}, std::pair{f8::MxScale::kFloor, false},
                                  std::pair{f8::MxScale::kRceil, true}}) {
@@ -283,9 +306,9 @@ void run(const std::string& out) {
     blocks.insert(blocks.end(), r.begin(), r.end());
   save(out + "/cpp_blocks.pt", blocks);
   std::cout << "block_scaled_parity: " << edges.size(0) * 2 << " edge blocks, " << random.numel() / 32
-            << " random blocks x 16 MXFP8 variants; " << nv.size()
-            << " NVFP4 cases x 4; Hadamard x 2; 3 MXFP8 training runs; 3 two-block transformer runs of " << kBlockSteps
-            << " steps written\n";
+            << " random blocks x 16 MXFP8 variants; " << nv.size() << " NVFP4 cases x 4; Hadamard x 2; "
+            << scales.size() << " swizzled scale matrices; 3 MXFP8 training runs; 3 two-block transformer runs of "
+            << kBlockSteps << " steps written\n";
 }
 #endif
 

@@ -11,7 +11,9 @@ Exits 1 on any difference.
 Sources (snapshots read for this file):
   torchao  torchao/prototype/mx_formats/mx_tensor.py, constants.py, kernels.py,
            nvfp4_tensor.py; torchao/prototype/custom_fp_utils.py
-           (pytorch/ao 36027d82d1ad9949597ea16002ff4940374b1b94)
+           (pytorch/ao 36027d82d1ad9949597ea16002ff4940374b1b94);
+           mx_formats/utils.py: to_blocked
+           (pytorch/ao 047c25c4bd98ad45cafd8e637bf1ffc9fdc0c432)
   TE       transformer_engine/pytorch/custom_recipes/reference_nvfp4.py
            (NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b)
 MXFP8 follows torchao (to_mx, to_dtype, and MXFP8Linear's emulated GEMMs,
@@ -317,6 +319,26 @@ def nvfp4_quantize_columnwise_rht(tensor):
     return nvfp4_quantize_rowwise(col_input, (1, 16))
 
 
+# --- torchao: mx_formats/utils.py ---------------------------------------------
+def ceil_div(a, b):  # utils.py
+    return (a + b - 1) // b
+
+
+def to_blocked(input_matrix):  # utils.py: to_blocked, eager (use_triton_kernel=False, not compiling)
+    rows, cols = input_matrix.shape
+    n_row_blocks = ceil_div(rows, 128)
+    n_col_blocks = ceil_div(cols, 4)
+    padded_rows = n_row_blocks * 128
+    padded_cols = n_col_blocks * 4
+    padded = input_matrix
+    if (rows, cols) != (padded_rows, padded_cols):
+        padded = torch.zeros((padded_rows, padded_cols), device=input_matrix.device, dtype=input_matrix.dtype)
+        padded[:rows, :cols] = input_matrix
+    blocks = padded.view(n_row_blocks, 128, n_col_blocks, 4).permute(0, 2, 1, 3)
+    rearranged = blocks.reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1, 32, 16)
+    return rearranged.flatten()
+
+
 # --- torchao: MXFP8Linear with KernelPreference.EMULATED ----------------------
 def mx_mm_emulated(a, b):
     """mx_tensor.py: _addmm_mx_dispatch's EMULATED branch for torch.mm(a, b) of two
@@ -565,6 +587,17 @@ def main():
         check(name + " wgrad operand scales", cpp_nv[j + 2], as_bytes(sx))
         check(name + " wgrad operand amax", cpp_nv[j + 3], amax.view(torch.int32))
         j += 4
+    cpp_swizzle = torch.load(f"{out}/cpp_swizzle.pt", weights_only=False)
+    # Each scale matrix swizzled as bytes, as e4m3 (NVFP4's scales) and, where
+    # torch has it, as e8m0 (MXFP8's): torchao's to_blocked in each dtype.
+    views = [torch.uint8, torch.float8_e4m3fn] + ([torch.float8_e8m0fnu] if HAS_E8M0 else [])
+    s = 0
+    while s < len(cpp_swizzle):
+        scale = cpp_swizzle[s]
+        for v, dtype in enumerate(views):
+            name = f"to_blocked {list(scale.shape)} as {str(dtype)[6:]}"
+            check(name, cpp_swizzle[s + 1 + v], as_bytes(to_blocked(scale.view(dtype))))
+        s += 1 + len(views)
     cpp_train = torch.load(f"{out}/cpp_train.pt", weights_only=False)
     k = 0
     for mode, hp in (("rceil", False), ("floor", False), ("rceil", True)):
@@ -589,6 +622,8 @@ def main():
         for p, t in enumerate(ours[1:]):
             check(f"{name} parameter {p}", cpp_blocks[b + 1 + p], t)
         b += len(ours)
+    if s != len(cpp_swizzle):
+        failures.append(f"the C++ half wrote {len(cpp_swizzle)} swizzle tensors, the twin read {s}")
     if i != len(cpp_mx) or j != len(cpp_nv) or k != len(cpp_train) or b != len(cpp_blocks):
         failures.append(f"the C++ half wrote {len(cpp_mx)} MX and {len(cpp_nv)} NVFP4 tensors, the twin read {i} and {j}")
     for f in failures:

@@ -7,8 +7,10 @@
 # CMake build against the wheel's LibTorch (torch.utils.cmake_prefix_path), in
 # an order that puts what only a GPU can check first, so that a run cut short
 # (the device tool's 10-minute calls) still has it:
-# 1. builds the CUDA-facing targets (capture_cuda_test, parity, the benchmark,
-#    distributed_world1_test) and runs capture_cuda_test;
+# 1. builds the CUDA-facing targets (capture_cuda_test, block_scaled_test,
+#    parity, the benchmark, distributed_world1_test) and runs capture_cuda_test
+#    and block_scaled_test's BlockScaledMm cases (the block-scaled _scaled_mm
+#    route: run on compute capability 10.0+, else skipped saying why);
 # 2. tests/parity/parity.cc and its Python twin on CUDA: the same 300 training
 #    steps with amp and with Python's torch.amp, compared bit for bit;
 # 3. with AMP_GPU_BENCH=1, the CUDA benchmarks and right after them their
@@ -43,7 +45,7 @@ grep -E "^-- amp" "$logs/configure.log"
 # 1. The CUDA-facing targets first.
 targets=$(cmake --build "$b" --target help 2>/dev/null)
 first=()
-for t in capture_cuda_test parity fused_step_bench float8_ffn_bench distributed_world1_test; do
+for t in capture_cuda_test block_scaled_test parity fused_step_bench float8_ffn_bench distributed_world1_test; do
   grep -qE "(^|[ .:])$t([ :]|$)" <<<"$targets" && first+=("$t")
 done
 built=0
@@ -57,6 +59,11 @@ if [ -n "$(bin capture_cuda_test)" ]; then
   "$(bin capture_cuda_test)" > "$logs/capture_cuda_test.log" 2>&1; s=$?
   grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|info' "$logs/capture_cuda_test.log" | tail -40
   stage "capture_cuda_test" $s
+fi
+if [ -n "$(bin block_scaled_test)" ]; then
+  "$(bin block_scaled_test)" --gtest_filter='BlockScaledMm.*' > "$logs/block_scaled_mm.log" 2>&1; s=$?
+  grep -E -A1 '^\[ *(OK|FAILED|SKIPPED) *\]|Skipped$' "$logs/block_scaled_mm.log" | tail -20  # a skip's reason follows
+  stage "block_scaled_test BlockScaledMm (CUDA's block-scaled _scaled_mm)" $s
 fi
 
 # 2. Parity with Python's torch.amp on CUDA.

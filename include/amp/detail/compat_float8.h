@@ -17,6 +17,19 @@
 // fp32 -> e4m3fn cast saturates finite values beyond +-448 from 2.13 and
 // gives NaN before (torchao's mx_tensor.py, _TORCH_VERSION_AT_LEAST_2_13, for
 // pytorch#177870 and #178817): before 2.13 torchao's to_mx clamps first.
+//
+// Block-scaled at::_scaled_mm on CUDA (cuBLAS's VEC32_UE8M0 and VEC16_UE4M3
+// scale modes: compute capability 10.0+, a CUDA 12.8+ build): e4m3 codes with
+// e8m0 scales of blocks of 32 (MXFP8; pytorch#146655, February 2025, so 2.7)
+// and Float4_e2m1fn_x2 codes with e4m3 scales of blocks of 16 (NVFP4), each
+// scale matrix swizzled into cuBLAS's 128x4 tiles and flattened, the second
+// operand column-major, K a multiple of 32 and N of 16
+// (aten/src/ATen/native/cuda/Blas.cpp: is_blockwise_1x32_scaling,
+// is_blockwise_1x16_scaling, _scaled_mm_out_cuda). amp routes from 2.8, the
+// floor of torchao's mx_formats tests and the first line where amp names
+// both dtypes; that NVFP4 is in 2.8's _scaled_mm is torchao's word, not
+// measured (amp/float8/block_scaled_mm.h). Whether a device runs it is a
+// run-time question.
 #pragma once
 
 #include "amp/version.h"
@@ -46,6 +59,11 @@
 #else
 #define AMP_DETAIL_HAS_BLOCK_SCALED_DTYPES 0
 #endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+#define AMP_DETAIL_HAS_BLOCK_SCALED_MM 1
+#else
+#define AMP_DETAIL_HAS_BLOCK_SCALED_MM 0
+#endif
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
 #define AMP_DETAIL_E4M3_CAST_SATURATES 1
 #else
@@ -68,9 +86,11 @@ inline constexpr bool kCpuHasScaledMm = AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL;
 inline constexpr bool kCpuHasRowwiseScaledMm = AMP_DETAIL_HAS_CPU_ROWWISE_FLOAT8;
 inline constexpr bool kHasBlockScaledDtypes = AMP_DETAIL_HAS_BLOCK_SCALED_DTYPES;  // e8m0fnu, e2m1fn_x2
 inline constexpr bool kE4m3CastSaturates = AMP_DETAIL_E4M3_CAST_SATURATES;
+inline constexpr bool kCudaHasBlockScaledMm = AMP_DETAIL_HAS_BLOCK_SCALED_MM;  // MXFP8 and NVFP4 _scaled_mm
 static_assert(kHasFloat8Dtype == libtorch_at_least(2, 1) && kHasFloat8Matmul == libtorch_at_least(2, 5) &&
                   kCpuHasScaledMm == libtorch_at_least(2, 8) && kCpuHasRowwiseScaledMm == libtorch_at_least(2, 14) &&
-                  kHasBlockScaledDtypes == libtorch_at_least(2, 8) && kE4m3CastSaturates == libtorch_at_least(2, 13),
+                  kHasBlockScaledDtypes == libtorch_at_least(2, 8) && kE4m3CastSaturates == libtorch_at_least(2, 13) &&
+                  kCudaHasBlockScaledMm == libtorch_at_least(2, 8),
               "amp: compat_float8.h's float8 switches disagree with version.h");
 
 }  // namespace compat

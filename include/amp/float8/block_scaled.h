@@ -1,6 +1,8 @@
 // amp/float8/block_scaled.h: what a Float8 region runs for its linears under
 // the block-scaled recipes, MXFP8<Mode> and NVFP4<SR> (amp/core/policy.h),
-// emulated: each GEMM operand quantized, dequantized, then one mm.
+// each GEMM's operands quantized, then multiplied by block_scaled_mm.h
+// (emulated: dequantized, then one mm; CUDA's block-scaled _scaled_mm where
+// that applies, which the sentences on dtypes below do not describe).
 //
 //   amp::Trainer<amp::Float8<amp::MXFP8<>>, amp::CPU> trainer(model, opt);   // or amp::NVFP4<>
 //   trainer.step([&](auto&) { return loss_fn(model->forward(x), y); });
@@ -44,6 +46,7 @@
 
 #include "amp/core/policy.h"
 #include "amp/detail/compat_float8.h"
+#include "amp/float8/block_scaled_mm.h"
 #include "amp/float8/mxfp8.h"
 #include "amp/float8/mxfp8_linear.h"
 #include "amp/float8/nvfp4.h"
@@ -93,11 +96,6 @@ inline at::Generator rounding_generator(const at::Tensor& like) {
   return bound != nullptr ? *bound : at::globalContext().defaultGenerator(like.device());
 }
 
-// a [M, K] · b [N, K]ᵀ, both NVFP4, dequantized to fp32 and multiplied there; in `out`.
-inline at::Tensor nvfp4_mm_emulated(const Nvfp4Blocks& a, const Nvfp4Blocks& b, at::ScalarType out) {
-  return at::mm(from_nvfp4(a, at::kFloat), from_nvfp4(b, at::kFloat).t()).to(out);
-}
-
 // x [M, K] · w [N, K]ᵀ with Transformer Engine's NVFP4 recipe (see the top
 // of this file); M a multiple of 16.
 struct Nvfp4Matmul : torch::autograd::Function<Nvfp4Matmul> {
@@ -105,7 +103,7 @@ struct Nvfp4Matmul : torch::autograd::Function<Nvfp4Matmul> {
                             bool stochastic) {
     ctx->save_for_backward({x, w});
     if (stochastic) ctx->saved_data["gen"] = rounding_generator(x);  // the forward's: backward runs unbound
-    return nvfp4_mm_emulated(to_nvfp4(x), to_nvfp4(w, /*tiles_16x16=*/true), x.scalar_type());
+    return nvfp4_mm(to_nvfp4(x), to_nvfp4(w, /*tiles_16x16=*/true), x.scalar_type());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -115,10 +113,9 @@ struct Nvfp4Matmul : torch::autograd::Function<Nvfp4Matmul> {
     const at::Tensor dy = grads[0].contiguous();
     c10::optional<at::Generator> gen;
     if (ctx->saved_data.count("gen")) gen = ctx->saved_data["gen"].toGenerator();
-    const at::Tensor dx =
-        nvfp4_mm_emulated(to_nvfp4(dy, false, gen), to_nvfp4(w.t().contiguous(), true), dy.scalar_type());
-    const at::Tensor dw = nvfp4_mm_emulated(to_nvfp4(rht16(dy.t().contiguous()), false, gen),
-                                            to_nvfp4(rht16(x.t().contiguous())), w.scalar_type());
+    const at::Tensor dx = nvfp4_mm(to_nvfp4(dy, false, gen), to_nvfp4(w.t().contiguous(), true), dy.scalar_type());
+    const at::Tensor dw = nvfp4_mm(to_nvfp4(rht16(dy.t().contiguous()), false, gen),
+                                   to_nvfp4(rht16(x.t().contiguous())), w.scalar_type());
     return {dx, dw, at::Tensor()};
   }
 };

@@ -1,5 +1,6 @@
-// amp/float8/mxfp8_linear.h: a linear layer's three GEMMs in MXFP8, emulated
-// (dequantize both operands, then mm), as one autograd function.
+// amp/float8/mxfp8_linear.h: a linear layer's three GEMMs in MXFP8 (each one
+// block_scaled_mm.h's mx_mm: emulated, or CUDA's block-scaled _scaled_mm
+// where that applies), as one autograd function.
 //
 //   namespace f8 = amp::float8::detail;  // internal until the MXFP8 policy lands
 //   at::Tensor y = f8::mxfp8_linear(x, fc->weight, fc->bias, f8::MxScale::kRceil);
@@ -13,9 +14,9 @@
 //                        (Wᵀ made contiguous, then quantized);
 //   wgrad    dW = dYᵀ·X  dYᵀ and Xᵀ blocked along M (the batch rows), or
 //                        (wgrad_hp) the plain mm of dYᵀ and X.
-// Each product is at::mm of the operands dequantized to their own dtype (the
-// second as a transposed view, as torchao's dequantize of a transposed
-// MXTensor gives it); the bias is added after, in the output's dtype. x is
+// Emulated, each product is at::mm of the operands dequantized to their own
+// dtype (the second as a transposed view, as torchao's dequantize of a
+// transposed MXTensor gives it); the bias is added after, in the output's dtype. x is
 // flattened to [M, K]; M, K and N must be multiples of 32 (mxfp8_fits).
 // Parity with torchao is checked in fp32 (tests/parity/block_scaled_parity):
 // under autocast torchao's subclass dispatch is not yet transcribed.
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "amp/detail/compat_float8.h"
+#include "amp/float8/block_scaled_mm.h"
 #include "amp/float8/mxfp8.h"
 
 namespace amp {
@@ -38,12 +40,6 @@ namespace detail {
 
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
 
-// torchao's emulated mm of two MX tensors: a [M, K] and b quantized as
-// [N, K], both blocked along K; returns a · bᵀ [M, N].
-inline at::Tensor mx_mm_emulated(const MxBlocks& a, at::ScalarType a_dtype, const MxBlocks& b, at::ScalarType b_dtype) {
-  return at::mm(from_mx(a, a_dtype), from_mx(b, b_dtype).t());
-}
-
 struct Mxfp8Matmul : torch::autograd::Function<Mxfp8Matmul> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                             int64_t mode, bool wgrad_hp) {
@@ -51,7 +47,7 @@ struct Mxfp8Matmul : torch::autograd::Function<Mxfp8Matmul> {
     ctx->saved_data["mode"] = mode;
     ctx->saved_data["wgrad_hp"] = wgrad_hp;
     const auto m = static_cast<MxScale>(mode);
-    return mx_mm_emulated(to_mx(x, m), x.scalar_type(), to_mx(w, m), w.scalar_type());
+    return mx_mm(to_mx(x, m), x.scalar_type(), to_mx(w, m), w.scalar_type());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -61,13 +57,12 @@ struct Mxfp8Matmul : torch::autograd::Function<Mxfp8Matmul> {
     const auto m = static_cast<MxScale>(ctx->saved_data["mode"].toInt());
     const at::Tensor dy = grads[0].contiguous();
     const at::Tensor wt = w.t().contiguous();
-    const at::Tensor dx = mx_mm_emulated(to_mx(dy, m), dy.scalar_type(), to_mx(wt, m), w.scalar_type());
+    const at::Tensor dx = mx_mm(to_mx(dy, m), dy.scalar_type(), to_mx(wt, m), w.scalar_type());
     at::Tensor dw;
     if (ctx->saved_data["wgrad_hp"].toBool()) {
       dw = at::mm(dy.t(), x);
     } else {
-      dw = mx_mm_emulated(to_mx(dy.t().contiguous(), m), dy.scalar_type(), to_mx(x.t().contiguous(), m),
-                          x.scalar_type());
+      dw = mx_mm(to_mx(dy.t().contiguous(), m), dy.scalar_type(), to_mx(x.t().contiguous(), m), x.scalar_type());
     }
     return {dx, dw, at::Tensor(), at::Tensor()};
   }
