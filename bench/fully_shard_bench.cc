@@ -25,13 +25,11 @@
 #include <torch/torch.h>
 
 #include <amp/distributed.h>
-#include <amp/optim/state_bytes.h>
 #include <amp/train/trainer.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <memory>
-#include <optional>
+
+#include "data_parallel_run.h"
 
 namespace {
 
@@ -57,38 +55,18 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-amp::ProcessGroup* group(benchmark::State& state) {
-  torch::set_num_threads(1);
-  if (std::getenv("WORLD_SIZE") == nullptr) {
-    state.SkipWithError("run through tools/launch -n 2");
-    return nullptr;
-  }
-  static std::optional<amp::ProcessGroup> pg;  // one rendezvous per process
-  if (!pg) pg.emplace(amp::init_process_group());
-  return &*pg;
-}
-
 void BM_ZeRO1(benchmark::State& state) {
-  amp::ProcessGroup* pg = group(state);
+  amp::ProcessGroup* pg = amp_bench::process_group(state);
   if (pg == nullptr) return;
   torch::manual_seed(0);
   Net model;
   amp::ShardedOptimizer<torch::optim::AdamW> opt(*pg, model->parameters(), torch::optim::AdamWOptions(1e-4));
-  amp::Trainer<amp::Mixed<amp::bf16, amp::NoScaler>, amp::CPU> trainer(model, opt,
-                                                                       amp::TrainerOptions().progress(false));
-  amp::DataParallel dp(*pg, trainer);
-  const int64_t rows = 256 / pg->world_size();
-  const auto x = torch::randn({rows, 1024}), y = torch::randn({rows, 1024});
-  auto step = [&] { trainer.step([&](auto&) { return torch::mse_loss(model->forward(x), y); }); };
-  for (int i = 0; i < 2; ++i) step();
-  for (auto _ : state) step();
-  const double n = pg->world_size();
-  const double grad_bytes = 4.0 * static_cast<double>(amp::parameter_count(opt));
-  state.counters["sent_bytes"] = 2.0 * (n - 1) / n * grad_bytes + (n - 1) * static_cast<double>(opt.gathered_bytes());
+  amp_bench::data_parallel_steps(state, *pg, model, opt);
+  state.counters["sent_bytes"] = amp_bench::ring_sent_bytes(*pg, opt, static_cast<double>(opt.gathered_bytes()));
 }
 
 void fully_shard(benchmark::State& state, bool autocast, bool prefetch = false) {
-  amp::ProcessGroup* pg = group(state);
+  amp::ProcessGroup* pg = amp_bench::process_group(state);
   if (pg == nullptr) return;
   torch::manual_seed(0);
   Net model;
