@@ -45,11 +45,13 @@
 // 2 spinning threads. The test runs 30 steps with --checkpoint. The exit
 // status is 1 when a loss is not finite (or the checkpointed run's losses
 // differ from the plain one's), 2 for a bad argument.
-// --precision=NAME (repeatable; mxfp8-rceil, mxfp8-floor, nvfp4, nvfp4-sr)
-// instead trains AdamW under amp::Trainer<Float8<MXFP8<...>>> or
-// <Float8<NVFP4<...>>> (every linear in the block-scaled recipe, emulated)
-// and compares each final loss with bf16-mixed's (docs/float8.md has the
-// numbers); it needs LibTorch 2.1+.
+// --precision=NAME (repeatable; mxfp8-rceil, mxfp8-floor, nvfp4, nvfp4-sr, or
+// any other string amp::dispatch_precision knows) instead trains AdamW under
+// amp::Trainer<P, CPU> for that policy (Float8<MXFP8<...>> and
+// Float8<NVFP4<...>>: every linear in the block-scaled recipe, emulated, on
+// LibTorch 2.1+) and compares each final loss with bf16-mixed's
+// (docs/float8.md has the numbers); a name this LibTorch cannot run is exit
+// status 2, before any training.
 #include <amp/amp.h>
 #include <torch/torch.h>
 
@@ -224,27 +226,12 @@ MakeOptimizer make() {
 
 }  // namespace
 
-// AdamW under the block-scaled policy `name`; false for a name that is none.
-bool train_precision(const std::string& name, const torch::Tensor& data, int steps, uint64_t seed,
-                     std::vector<Result>& out) {
-#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+// AdamW under the policy named `name` (amp::dispatch_precision's strings:
+// the block-scaled recipes, or any other policy this LibTorch runs on the CPU).
+std::vector<Result> train_precision(const std::string& name, const torch::Tensor& data, int steps, uint64_t seed) {
   const std::vector<MakeOptimizer> adamw{make<torch::optim::AdamW>()};
-  if (name == "mxfp8-rceil") {
-    out = train<amp::Float8<amp::MXFP8<>>>(data, steps, false, adamw, seed);
-  } else if (name == "mxfp8-floor") {
-    out = train<amp::Float8<amp::MXFP8<amp::MxScaleMode::kFloor>>>(data, steps, false, adamw, seed);
-  } else if (name == "nvfp4") {
-    out = train<amp::Float8<amp::NVFP4<>>>(data, steps, false, adamw, seed);
-  } else if (name == "nvfp4-sr") {
-    out = train<amp::Float8<amp::NVFP4<true>>>(data, steps, false, adamw, seed);
-  } else {
-    return false;
-  }
-  return true;
-#else
-  (void)name, (void)data, (void)steps, (void)seed, (void)out;
-  return false;
-#endif
+  return amp::dispatch_precision<amp::CPU>(
+      name, [&](auto policy) { return train<typename decltype(policy)::type>(data, steps, false, adamw, seed); });
 }
 
 int main(int argc, char** argv) {
@@ -285,6 +272,14 @@ int main(int argc, char** argv) {
     }
   }
 
+  for (const std::string& name : precisions) {  // every name checked before any training
+    try {
+      amp::dispatch_precision<amp::CPU>(name, [](auto) {});
+    } catch (const c10::Error& e) {
+      std::fprintf(stderr, "%s (low_bit_transformer's --precision)\n", e.what_without_backtrace());
+      return 2;
+    }
+  }
   const auto data = make_data(seed);
   int64_t params = 0;
   for (const auto& p : Transformer()->parameters()) params += p.numel();
@@ -299,14 +294,7 @@ int main(int argc, char** argv) {
     std::printf("low_bit_transformer: AdamW bf16-mixed final loss %.4f, %lld activation bytes/step, %.2f ms/step\n",
                 adamw[0].loss, static_cast<long long>(adamw[0].activation_bytes), adamw[0].ms_per_step);
     for (const std::string& name : precisions) {
-      std::vector<Result> r;
-      if (!train_precision(name, data, steps, seed, r)) {
-        std::fprintf(stderr,
-                     "amp: low_bit_transformer's --precision is mxfp8-rceil, mxfp8-floor, nvfp4 or nvfp4-sr (on "
-                     "LibTorch 2.1+), not \"%s\"\n",
-                     name.c_str());
-        return 2;
-      }
+      const std::vector<Result> r = train_precision(name, data, steps, seed);
       ok = ok && std::isfinite(r[0].loss);
       std::printf(
           "low_bit_transformer: AdamW %s final loss %.4f (%+.2f%% vs bf16-mixed), %lld activation "
