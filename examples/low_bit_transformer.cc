@@ -4,7 +4,7 @@
 // trained with LibTorch's AdamW, and how many bytes of state per parameter
 // does each keep?
 //
-//   bazel run //examples:low_bit_transformer [-- --steps=N] [-- --checkpoint]   # N: 400 by default
+//   bazel run //examples:low_bit_transformer [-- --steps=N] [-- --seed=S] [-- --checkpoint]   # N: 400, S: 0
 //   bazel run //examples:low_bit_transformer -- --precision=mxfp8-rceil --precision=nvfp4   # vs bf16-mixed
 //
 // The model: a token embedding (vocabulary 64, width 128), learned positions
@@ -19,6 +19,10 @@
 // is 0.84 nats (0.73 per prediction; ln 64 for the first, of a uniform
 // token); 400 steps learn part of the 4096-entry table, so the comparison is
 // of how fast each optimizer learns, not only of where it ends.
+// --seed=S (0 by default) draws another task (table and sequences from the
+// seed 1234 + S) and other initial weights (seed S): the spread over seeds
+// is the noise a loss difference is read against. NVFP4<true>'s rounding
+// generator is the Trainer's own (seeded with 0) whatever S is.
 //
 // Every optimizer (AdamW, AdamW8bit, AdamW4bit, and AdamWFp8 on LibTorch >=
 // 2.1) trains the same initial weights on the same batches with
@@ -41,11 +45,13 @@
 // 2 spinning threads. The test runs 30 steps with --checkpoint. The exit
 // status is 1 when a loss is not finite (or the checkpointed run's losses
 // differ from the plain one's), 2 for a bad argument.
-// --precision=NAME (repeatable; mxfp8-rceil, mxfp8-floor, nvfp4, nvfp4-sr)
-// instead trains AdamW under amp::Trainer<Float8<MXFP8<...>>> or
-// <Float8<NVFP4<...>>> (every linear in the block-scaled recipe, emulated)
-// and compares each final loss with bf16-mixed's (docs/float8.md has the
-// numbers); it needs LibTorch 2.1+.
+// --precision=NAME (repeatable; mxfp8-rceil, mxfp8-floor, nvfp4, nvfp4-sr, or
+// any other string amp::dispatch_precision knows) instead trains AdamW under
+// amp::Trainer<P, CPU> for that policy (Float8<MXFP8<...>> and
+// Float8<NVFP4<...>>: every linear in the block-scaled recipe, emulated, on
+// LibTorch 2.1+) and compares each final loss with bf16-mixed's
+// (docs/float8.md has the numbers); a name this LibTorch cannot run is exit
+// status 2, before any training.
 #include <amp/amp.h>
 #include <torch/torch.h>
 
@@ -120,9 +126,10 @@ struct TransformerImpl : torch::nn::Module {
 TORCH_MODULE(Transformer);
 
 // kSequences sequences of kSeq + 1 tokens: token t is table[token t-2, token
-// t-1] with probability 0.9, else uniform; the first two are uniform.
-torch::Tensor make_data() {
-  torch::manual_seed(1234);
+// t-1] with probability 0.9, else uniform; the first two are uniform. From
+// the seed 1234 + seed (--seed).
+torch::Tensor make_data(uint64_t seed) {
+  torch::manual_seed(1234 + seed);
   const auto table = torch::randint(0, kVocab, {kVocab * kVocab}, torch::kLong);
   std::vector<torch::Tensor> columns{torch::randint(0, kVocab, {kSequences}, torch::kLong),
                                      torch::randint(0, kVocab, {kSequences}, torch::kLong)};
@@ -152,7 +159,7 @@ struct Result {
 using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
 template <class Policy = amp::Mixed<amp::bf16, amp::NoScaler>>
 std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint,
-                          const std::vector<MakeOptimizer>& optimizers) {
+                          const std::vector<MakeOptimizer>& optimizers, uint64_t seed) {
   struct Run {
     Transformer model{nullptr};
     std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -163,7 +170,7 @@ std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint,
   std::vector<Run> runs(optimizers.size() * 2);
   for (size_t i = 0; i < runs.size(); ++i) {
     if (i % 2 == 1 && !checkpoint) continue;
-    torch::manual_seed(0);  // the same initial weights for every optimizer and both runs
+    torch::manual_seed(seed);  // the same initial weights for every optimizer and both runs
     Run& r = runs[i];
     r.model = Transformer();
     r.model->checkpointed = i % 2 == 1;
@@ -219,30 +226,17 @@ MakeOptimizer make() {
 
 }  // namespace
 
-// AdamW under the block-scaled policy `name`; false for a name that is none.
-bool train_precision(const std::string& name, const torch::Tensor& data, int steps, std::vector<Result>& out) {
-#if AMP_DETAIL_HAS_FLOAT8_DTYPE
+// AdamW under the policy named `name` (amp::dispatch_precision's strings:
+// the block-scaled recipes, or any other policy this LibTorch runs on the CPU).
+std::vector<Result> train_precision(const std::string& name, const torch::Tensor& data, int steps, uint64_t seed) {
   const std::vector<MakeOptimizer> adamw{make<torch::optim::AdamW>()};
-  if (name == "mxfp8-rceil") {
-    out = train<amp::Float8<amp::MXFP8<>>>(data, steps, false, adamw);
-  } else if (name == "mxfp8-floor") {
-    out = train<amp::Float8<amp::MXFP8<amp::MxScaleMode::kFloor>>>(data, steps, false, adamw);
-  } else if (name == "nvfp4") {
-    out = train<amp::Float8<amp::NVFP4<>>>(data, steps, false, adamw);
-  } else if (name == "nvfp4-sr") {
-    out = train<amp::Float8<amp::NVFP4<true>>>(data, steps, false, adamw);
-  } else {
-    return false;
-  }
-  return true;
-#else
-  (void)name, (void)data, (void)steps, (void)out;
-  return false;
-#endif
+  return amp::dispatch_precision<amp::CPU>(
+      name, [&](auto policy) { return train<typename decltype(policy)::type>(data, steps, false, adamw, seed); });
 }
 
 int main(int argc, char** argv) {
   int steps = 400;
+  uint64_t seed = 0;
   bool checkpoint = false;
   std::vector<std::string> precisions;
   for (int i = 1; i < argc; ++i) {
@@ -260,37 +254,47 @@ int main(int argc, char** argv) {
         return 2;
       }
       steps = static_cast<int>(value);
+    } else if (arg.rfind("--seed=", 0) == 0) {
+      char* end = nullptr;
+      const long long value = std::strtoll(arg.c_str() + 7, &end, 10);
+      if (end == arg.c_str() + 7 || *end != '\0' || value < 0 || value > 1000000) {
+        std::fprintf(stderr, "amp: low_bit_transformer's --seed must be an integer in [0, 1000000], not \"%s\"\n",
+                     arg.c_str() + 7);
+        return 2;
+      }
+      seed = static_cast<uint64_t>(value);
     } else {
       std::fprintf(stderr,
                    "amp: low_bit_transformer: unknown argument \"%s\" (usage: low_bit_transformer [--steps=N] "
-                   "[--checkpoint] [--precision=NAME])\n",
+                   "[--seed=S] [--checkpoint] [--precision=NAME])\n",
                    arg.c_str());
       return 2;
     }
   }
 
-  const auto data = make_data();
+  for (const std::string& name : precisions) {  // every name checked before any training
+    try {
+      amp::dispatch_precision<amp::CPU>(name, [](auto) {});
+    } catch (const c10::Error& e) {
+      std::fprintf(stderr, "%s (low_bit_transformer's --precision)\n", e.what_without_backtrace());
+      return 2;
+    }
+  }
+  const auto data = make_data(seed);
   int64_t params = 0;
   for (const auto& p : Transformer()->parameters()) params += p.numel();
-  std::printf("low_bit_transformer: LibTorch %d.%d, %lld parameters, %d steps%s\n", TORCH_VERSION_MAJOR,
-              TORCH_VERSION_MINOR, static_cast<long long>(params), steps,
+  std::printf("low_bit_transformer: LibTorch %d.%d, %lld parameters, %d steps, seed %llu%s\n", TORCH_VERSION_MAJOR,
+              TORCH_VERSION_MINOR, static_cast<long long>(params), steps, static_cast<unsigned long long>(seed),
               checkpoint ? ", each also with its blocks checkpointed" : "");
   std::fflush(stdout);
 
   if (!precisions.empty()) {
-    const std::vector<Result> adamw = train(data, steps, false, {make<torch::optim::AdamW>()});
+    const std::vector<Result> adamw = train(data, steps, false, {make<torch::optim::AdamW>()}, seed);
     bool ok = true;
     std::printf("low_bit_transformer: AdamW bf16-mixed final loss %.4f, %lld activation bytes/step, %.2f ms/step\n",
                 adamw[0].loss, static_cast<long long>(adamw[0].activation_bytes), adamw[0].ms_per_step);
     for (const std::string& name : precisions) {
-      std::vector<Result> r;
-      if (!train_precision(name, data, steps, r)) {
-        std::fprintf(stderr,
-                     "amp: low_bit_transformer's --precision is mxfp8-rceil, mxfp8-floor, nvfp4 or nvfp4-sr (on "
-                     "LibTorch 2.1+), not \"%s\"\n",
-                     name.c_str());
-        return 2;
-      }
+      const std::vector<Result> r = train_precision(name, data, steps, seed);
       ok = ok && std::isfinite(r[0].loss);
       std::printf(
           "low_bit_transformer: AdamW %s final loss %.4f (%+.2f%% vs bf16-mixed), %lld activation "
@@ -307,7 +311,7 @@ int main(int argc, char** argv) {
   names.push_back("AdamWFp8");
   optimizers.push_back(make<amp::AdamWFp8>());
 #endif
-  const std::vector<Result> results = train(data, steps, checkpoint, optimizers);
+  const std::vector<Result> results = train(data, steps, checkpoint, optimizers, seed);
   const Result& adamw = results[0];
   bool ok = true;
   for (size_t k = 0; k < names.size(); ++k) {

@@ -281,18 +281,26 @@ TEST(DispatchPrecision, ReturnsTheResultByValue) {
   EXPECT_EQ(v.back(), std::string(100, 'x') + "32-true");
 }
 
-// The block-scaled recipes by name: their default types where LibTorch has the
-// float8 dtypes (2.1+), else a clear error naming the LibTorch version.
-TEST(DispatchPrecision, BlockScaledNamesReachTheirDefaultRecipes) {
-  for (const std::string name : {"mxfp8-rceil", "nvfp4"}) {
+// The block-scaled recipes by name, the defaults and the two variants that
+// dispatch by name only (mxfp8-floor, nvfp4-sr: in no sweep), where LibTorch
+// has the float8 dtypes (2.1+), else a clear error naming the LibTorch version.
+TEST(DispatchPrecision, BlockScaledNamesReachTheirRecipes) {
+  for (const std::string name : {"mxfp8-rceil", "nvfp4", "mxfp8-floor", "nvfp4-sr"}) {
     SCOPED_TRACE(name);
     if (amp::detail::libtorch_at_least(2, 1)) {
       const bool same = amp::dispatch_precision<amp::CPU>(name, [&](auto p) {
         using P = typename decltype(p)::type;
-        return name == "nvfp4" ? std::is_same_v<P, amp::Float8<amp::NVFP4<>>>
-                               : std::is_same_v<P, amp::Float8<amp::MXFP8<>>>;
+        if (name == "nvfp4") return std::is_same_v<P, amp::Float8<amp::NVFP4<>>>;
+        if (name == "nvfp4-sr") return std::is_same_v<P, amp::Float8<amp::NVFP4<true>>>;
+        if (name == "mxfp8-floor") return std::is_same_v<P, amp::Float8<amp::MXFP8<amp::MxScaleMode::kFloor>>>;
+        return std::is_same_v<P, amp::Float8<amp::MXFP8<>>>;
       });
       EXPECT_TRUE(same);
+      // The variants are not swept: not in all_policies, so not in the typed suites.
+      bool swept = false;
+      amp::for_each_policy(amp::all_policies,
+                           [&](auto p) { swept = swept || amp::precision_name<typename decltype(p)::type>() == name; });
+      EXPECT_EQ(swept, name == "nvfp4" || name == "mxfp8-rceil");
     } else {
       try {
         amp::dispatch_precision<amp::CPU>(name, [](auto) {});

@@ -221,6 +221,29 @@ TEST(BlockScaledPolicy, StochasticRoundingIsSeededAndChangesTheGradients) {
   EXPECT_FALSE(torch::equal(sr1, rn));
 }
 
+// Each step draws fresh numbers: the same batch through the same weights
+// gives other gradients on the next step (a generator reseeded or restored
+// every step would round every step alike, a bias across steps), and a Trainer
+// of its own starts from the same seed.
+TEST(BlockScaledPolicy, StochasticRoundingDrawsFreshNumbersEveryStep) {
+  auto two_steps = [] {
+    BsNet net = make_net();
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.0));  // the weights stay
+    amp::Trainer<Nvfp4Sr, amp::CPU> trainer(net, opt, amp::TrainerOptions().progress(false));
+    std::vector<torch::Tensor> grads;
+    for (int step = 0; step < 2; ++step) {
+      trainer.step([&](auto&) { return loss_of(net, batch(0)); });
+      grads.push_back(net->fc1->weight.grad().clone());
+      grads.push_back(net->fc2->weight.grad().clone());
+    }
+    return grads;
+  };
+  const std::vector<torch::Tensor> a = two_steps(), b = two_steps();
+  EXPECT_FALSE(torch::equal(a[0], a[2]));  // fc1's gradient, step 1 against step 2
+  EXPECT_FALSE(torch::equal(a[1], a[3]));  // fc2's
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+}
+
 TEST(BlockScaledPolicy, ActivationCheckpointRecomputesTheSameGradients) {
   for (int recipe : {0, 1}) {
     std::vector<torch::Tensor> got[2];

@@ -9,10 +9,14 @@
 // no stochastic rounding); supported_policies<Device> is computed from it with
 // hana::filter over is_supported_v, so the per-device lists follow the
 // LibTorch version instead of being written by hand. Adding a policy to
-// all_policies adds it to every sweep, typed test and dispatch.
+// all_policies adds it to every sweep, typed test and dispatch. Two recipe
+// variants dispatch by name but are in no list a sweep or typed suite runs
+// (their emulation is slow): "mxfp8-floor" (Float8<MXFP8<kFloor>>) and
+// "nvfp4-sr" (Float8<NVFP4<true>>).
 #pragma once
 
 #include <boost/hana/at_key.hpp>
+#include <boost/hana/concat.hpp>
 #include <boost/hana/filter.hpp>
 #include <boost/hana/front.hpp>
 #include <boost/hana/for_each.hpp>
@@ -40,6 +44,10 @@ inline constexpr auto all_policies =
                          Float8<Delayed<>>, Float8<Rowwise>, Float8<RowwiseWithGwHp>, Float8<MXFP8<>>, Float8<NVFP4<>>>;
 
 namespace detail {
+// The policies dispatch_precision knows besides all_policies: recipe
+// variants other than their family's default, kept out of the sweeps.
+inline constexpr auto named_variants = boost::hana::tuple_t<Float8<MXFP8<MxScaleMode::kFloor>>, Float8<NVFP4<true>>>;
+
 template <class Device>
 struct supported_on {
   template <class T>
@@ -52,6 +60,14 @@ struct supported_on {
 // The policies this LibTorch can run on Device.
 template <class Device>
 inline constexpr auto supported_policies = boost::hana::filter(all_policies, detail::supported_on<Device>{});
+
+namespace detail {
+// Every policy dispatch_precision can reach on Device: supported_policies, then the supported named variants.
+template <class Device>
+inline constexpr auto dispatchable_policies =
+    boost::hana::concat(supported_policies<Device>, boost::hana::filter(named_variants, supported_on<Device>{}));
+inline constexpr auto dispatch_names = boost::hana::concat(all_policies, named_variants);
+}  // namespace detail
 
 // Calls f(hana::type_c<P>) for each policy P of the list, in order.
 template <class List, class F>
@@ -104,6 +120,7 @@ std::string join_names(List list) {
 
 // Maps a precision string onto its policy and calls f(hana::type_c<P>),
 // returning f's result by value (f must return the same type for every policy).
+// Knows all_policies' names and the variants "mxfp8-floor" and "nvfp4-sr".
 // Throws c10::Error listing the valid strings when `name` is unknown, and the
 // ones this device supports when it names a policy Device cannot run.
 template <class Device, class F>
@@ -112,14 +129,14 @@ auto dispatch_precision(const std::string& name, F&& f) {
   using Result = decltype(f(boost::hana::front(supported_policies<Device>)));
   const std::string wanted = detail::canonical_precision(name);
   bool known = false;
-  boost::hana::for_each(all_policies,
+  boost::hana::for_each(detail::dispatch_names,
                         [&](auto t) { known = known || wanted == policy_traits<typename decltype(t)::type>::name; });
-  TORCH_CHECK(known, "amp: unknown precision \"", name, "\"; valid: ", detail::join_names(all_policies),
+  TORCH_CHECK(known, "amp: unknown precision \"", name, "\"; valid: ", detail::join_names(detail::dispatch_names),
               " (legacy: 64, 32, 16, bf16)");
 
   if constexpr (std::is_void_v<Result>) {
     bool called = false;
-    boost::hana::for_each(supported_policies<Device>, [&](auto t) {
+    boost::hana::for_each(detail::dispatchable_policies<Device>, [&](auto t) {
       if (!called && wanted == policy_traits<typename decltype(t)::type>::name) {
         called = true;
         f(t);
@@ -127,15 +144,15 @@ auto dispatch_precision(const std::string& name, F&& f) {
     });
     TORCH_CHECK(called, "amp: precision \"", name, "\" is not supported on ", device_traits<Device>::name,
                 " with LibTorch ", TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
-                "; supported: ", detail::join_names(supported_policies<Device>));
+                "; supported: ", detail::join_names(detail::dispatchable_policies<Device>));
   } else {
     std::optional<std::decay_t<Result>> result;
-    boost::hana::for_each(supported_policies<Device>, [&](auto t) {
+    boost::hana::for_each(detail::dispatchable_policies<Device>, [&](auto t) {
       if (!result && wanted == policy_traits<typename decltype(t)::type>::name) result.emplace(f(t));
     });
     TORCH_CHECK(result.has_value(), "amp: precision \"", name, "\" is not supported on ", device_traits<Device>::name,
                 " with LibTorch ", TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
-                "; supported: ", detail::join_names(supported_policies<Device>));
+                "; supported: ", detail::join_names(detail::dispatchable_policies<Device>));
     return std::move(*result);
   }
 }
