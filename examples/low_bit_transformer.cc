@@ -48,9 +48,8 @@
 // --precision=NAME (repeatable; mxfp8-rceil, mxfp8-floor, nvfp4, nvfp4-sr, or
 // any other string amp::dispatch_precision knows) instead trains AdamW under
 // amp::Trainer<P, CPU> for that policy (Float8<MXFP8<...>> and
-// Float8<NVFP4<...>>: every linear but the head in the block-scaled recipe,
-// emulated, on LibTorch 2.1+; the head in bf16, as torchtitan's MX converter
-// leaves the output layer by default) and compares each final loss with bf16-mixed's
+// Float8<NVFP4<...>>: every linear in the block-scaled recipe, emulated, on
+// LibTorch 2.1+) and compares each final loss with bf16-mixed's
 // (docs/float8.md has the numbers); a name this LibTorch cannot run is exit
 // status 2, before any training.
 #include <amp/amp.h>
@@ -157,13 +156,6 @@ struct Result {
 // plain model and, with `checkpoint`, a second copy (the same initial weights
 // and batches) whose blocks are checkpointed. Result [2k] is optimizer k's
 // plain run, [2k + 1] its checkpointed one.
-// Whether P is a block-scaled recipe (MXFP8, NVFP4).
-template <class P>
-constexpr bool block_scaled() {
-  if constexpr (amp::detail::is_float8_v<P>) return amp::detail::is_block_scaled_recipe_v<typename P::recipe_type>;
-  return false;
-}
-
 using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
 template <class Policy = amp::Mixed<amp::bf16, amp::NoScaler>>
 std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint,
@@ -183,12 +175,8 @@ std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint,
     r.model = Transformer();
     r.model->checkpointed = i % 2 == 1;
     r.optimizer = optimizers[i / 2](r.model->parameters());
-    auto options = amp::TrainerOptions().progress(false);
-    if constexpr (block_scaled<Policy>())  // the head (the logits) in bf16, as torchtitan's MX converter leaves
-                                           // "output"
-      options.region(
-          amp::RegionOptions().precision_map(amp::PrecisionMap().path("head", amp::ModulePrecision::kNotFloat8)));
-    r.trainer = std::make_unique<amp::Trainer<Policy, amp::CPU>>(r.model, *r.optimizer, options);
+    r.trainer =
+        std::make_unique<amp::Trainer<Policy, amp::CPU>>(r.model, *r.optimizer, amp::TrainerOptions().progress(false));
   }
   const int64_t warmup = steps > 2 * kLastSteps ? kLastSteps : 0;
   for (int64_t step = 0; step < steps; ++step) {
