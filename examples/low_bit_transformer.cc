@@ -61,9 +61,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -234,6 +236,20 @@ std::vector<Result> train_precision(const std::string& name, const torch::Tensor
       name, [&](auto policy) { return train<typename decltype(policy)::type>(data, steps, false, adamw, seed); });
 }
 
+// The integer V of `arg` = "FLAG=V" when it lies in [lo, hi]; else the error
+// printed and nullopt.
+std::optional<long> flag_value(const std::string& arg, const char* flag, long lo, long hi) {
+  const char* text = arg.c_str() + std::strlen(flag) + 1;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || value < lo || value > hi) {
+    std::fprintf(stderr, "amp: low_bit_transformer's %s must be an integer in [%ld, %ld], not \"%s\"\n", flag, lo, hi,
+                 text);
+    return std::nullopt;
+  }
+  return value;
+}
+
 int main(int argc, char** argv) {
   int steps = 400;
   uint64_t seed = 0;
@@ -246,23 +262,13 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--precision=", 0) == 0) {
       precisions.push_back(arg.substr(12));
     } else if (arg.rfind("--steps=", 0) == 0) {
-      char* end = nullptr;
-      const long value = std::strtol(arg.c_str() + 8, &end, 10);
-      if (end == arg.c_str() + 8 || *end != '\0' || value < 1 || value > 1000000) {
-        std::fprintf(stderr, "amp: low_bit_transformer's --steps must be an integer in [1, 1000000], not \"%s\"\n",
-                     arg.c_str() + 8);
-        return 2;
-      }
-      steps = static_cast<int>(value);
+      const auto value = flag_value(arg, "--steps", 1, 1000000);
+      if (!value) return 2;
+      steps = static_cast<int>(*value);
     } else if (arg.rfind("--seed=", 0) == 0) {
-      char* end = nullptr;
-      const long long value = std::strtoll(arg.c_str() + 7, &end, 10);
-      if (end == arg.c_str() + 7 || *end != '\0' || value < 0 || value > 1000000) {
-        std::fprintf(stderr, "amp: low_bit_transformer's --seed must be an integer in [0, 1000000], not \"%s\"\n",
-                     arg.c_str() + 7);
-        return 2;
-      }
-      seed = static_cast<uint64_t>(value);
+      const auto value = flag_value(arg, "--seed", 0, 1000000);
+      if (!value) return 2;
+      seed = static_cast<uint64_t>(*value);
     } else {
       std::fprintf(stderr,
                    "amp: low_bit_transformer: unknown argument \"%s\" (usage: low_bit_transformer [--steps=N] "
