@@ -1,9 +1,9 @@
-// amp/distributed/detail/unit_collectives.h: FullyShard's collectives on a
-// unit and the storage they fill: the all-gather of its shards into its
+// amp/distributed/detail/unit_collectives.h: FullyShard's collectives and
+// the storage they fill: a unit's all-gather of its shards into its
 // parameters' own storage (allocated for it, freed after), the
-// reduce-scatter of its gradients into the shards' .grad, the gradients of
-// a backward counted until the unit is complete, and the bytes and
-// collectives so far.
+// reduce-scatter of its gradients into the shards' .grad once a backward
+// has produced them all, the gradient norm's all-reduce for clipping, and
+// the bytes held and the collectives issued so far.
 //
 //   UnitCollectives c(pg, params, compute_dtype, reduce_dtype);  // params: outlive c
 //   c.unshard(u); ...; c.reshard(u);      // a unit's forward
