@@ -351,7 +351,7 @@ class FullyShard : public GradientSync {
   bool callback_queued_ = false;
   int64_t prefetched_allgathers_ = 0;
   detail::UnitOrder order_;
-  detail::GradHooks grad_hooks_;  // last: its hooks, which call on_grad, go first
+  detail::GradHooks grad_hooks_;  // last: its hooks, which call into the members above, go first
 };
 
 }  // namespace amp
