@@ -1,7 +1,7 @@
 // amp/optim/detail/lowbit_block.h: the fused low-bit step's scalar kernel:
 // one parameter's blocks, first the moments and the update element by
 // element, then each block requantized (optim/detail/lowbit_fused_step.h
-// runs it; lowbit_simd.h has its vector twins).
+// runs it; lowbit_simd*.h have its vector twins).
 //
 //   amp::detail::lowbit::adam_blocks(k, param, grad, m, v, vmax, rand16, b0, b1, buffer,
 //                                    QuantizePortable{}, NoVectorPass{});
