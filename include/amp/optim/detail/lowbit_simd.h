@@ -23,17 +23,12 @@ namespace detail {
 namespace lowbit {
 
 #if AMP_DETAIL_LOWBIT_X86_CLONES
-// GCC 12's AVX-512 intrinsics warn once inlined (lowbit_simd_codes.h).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+AMP_DETAIL_LOWBIT_SIMD_WARNINGS_OFF  // lowbit_simd_codes.h says why
 
-// Whether a block's moment takes a vector search (else quantize_block):
-// 8-/4-bit maps that ascend; fp8 with AVX-512 and its table.
-template <bool Avx512>
-C10_ALWAYS_INLINE bool vector_search(const MomentRef& q, int64_t n) {
+    // Whether a block's moment takes a vector search (else quantize_block):
+    // 8-/4-bit maps that ascend; fp8 with AVX-512 and its table.
+    template <bool Avx512>
+    C10_ALWAYS_INLINE bool vector_search(const MomentRef& q, int64_t n) {
   if (n % 16 != 0) return false;
   return q.format == StateFormat::kFp8 ? Avx512 && q.table != nullptr : q.ascending;
 }
@@ -142,9 +137,7 @@ __attribute__((target("avx512f,avx2,fma"))) void adam_blocks_avx512(const FusedA
               VectorPassAvx512{buffer + 4 * k.block_size, vbmi});
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+AMP_DETAIL_LOWBIT_SIMD_WARNINGS_ON
 #endif  // AMP_DETAIL_LOWBIT_X86_CLONES
 
 }  // namespace lowbit

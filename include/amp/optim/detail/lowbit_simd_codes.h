@@ -22,18 +22,25 @@
 #define AMP_DETAIL_LOWBIT_X86_CLONES 0
 #endif
 
+// GCC 12 warns inside its own AVX-512 intrinsics (their _mm512_undefined_*
+// operands) once they are inlined: each lowbit_simd header's vector code
+// sits between these two.
+#if defined(__GNUC__) && !defined(__clang__)
+#define AMP_DETAIL_LOWBIT_SIMD_WARNINGS_OFF                                                  \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"") \
+      _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define AMP_DETAIL_LOWBIT_SIMD_WARNINGS_ON _Pragma("GCC diagnostic pop")
+#else
+#define AMP_DETAIL_LOWBIT_SIMD_WARNINGS_OFF
+#define AMP_DETAIL_LOWBIT_SIMD_WARNINGS_ON
+#endif
+
 namespace amp {
 namespace detail {
 namespace lowbit {
 
 #if AMP_DETAIL_LOWBIT_X86_CLONES
-// GCC 12 warns inside its own AVX-512 intrinsics (their _mm512_undefined_*
-// operands) once they are inlined here.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+AMP_DETAIL_LOWBIT_SIMD_WARNINGS_OFF
 
 // nearest_code for 8 values at a time: the same comparisons, the probes
 // gathered. n is a multiple of 8; codes as int32.
@@ -247,9 +254,7 @@ AMP_DETAIL_LOWBIT_AVX512 inline void bytes_avx512(const int32_t* codes, int64_t 
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(_mm512_loadu_si512(codes + i)));
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+AMP_DETAIL_LOWBIT_SIMD_WARNINGS_ON
 #endif  // AMP_DETAIL_LOWBIT_X86_CLONES
 
 }  // namespace lowbit

@@ -25,15 +25,11 @@ namespace detail {
 namespace lowbit {
 
 #if AMP_DETAIL_LOWBIT_X86_CLONES
-// GCC 12's AVX-512 intrinsics warn once inlined (lowbit_simd_codes.h).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+AMP_DETAIL_LOWBIT_SIMD_WARNINGS_OFF  // lowbit_simd_codes.h says why
 
-// fp8 codes as fp32 values (c10's conversion), a table for the vector pass.
-inline const float* fp8_values() {
+    // fp8 codes as fp32 values (c10's conversion), a table for the vector pass.
+    inline const float*
+    fp8_values() {
   static const std::vector<float> table = [] {
     std::vector<float> t(256, 0.f);
 #if AMP_DETAIL_HAS_FLOAT8_DTYPE
@@ -236,9 +232,7 @@ struct VectorPassAvx512 {
   }
 };
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+AMP_DETAIL_LOWBIT_SIMD_WARNINGS_ON
 #endif  // AMP_DETAIL_LOWBIT_X86_CLONES
 
 }  // namespace lowbit
