@@ -23,11 +23,13 @@
 // seed 1234 + S) and other initial weights (seed S): the spread over seeds
 // is the noise a loss difference is read against. NVFP4<true>'s rounding
 // generator is the Trainer's own (seeded with 0) whatever S is.
+// --batch=B (32 by default) trains on batches of B sequences from a data set
+// of 128 batches (so every B cycles it about 3 times in 400 steps).
 //
 // Every optimizer (AdamW, AdamW8bit, AdamW4bit, and AdamWFp8 on LibTorch >=
 // 2.1) trains the same initial weights on the same batches with
 // AdamWOptions(1e-3).weight_decay(0.01) under amp::Trainer<Mixed<bf16,
-// NoScaler>, CPU>, batch 32. Per optimizer it prints the final loss (the mean
+// NoScaler>, CPU>, batch 32 (--batch). Per optimizer it prints the final loss (the mean
 // training loss of the last 20 steps), its difference from AdamW's, and the
 // optimizer's state bytes per parameter (amp::optimizer_state_bytes: AdamW's
 // 8, the low-bit ones' quantized states plus the fp32 states of the tensors
@@ -73,8 +75,8 @@
 namespace {
 
 constexpr int64_t kVocab = 64, kWidth = 128, kSeq = 32, kHeads = 4, kHidden = 512, kBlocks = 2;
-constexpr int64_t kBatch = 32, kSequences = 4096;  // the data set: 4096 sequences, 128 batches, cycled
-constexpr int kLastSteps = 20;                     // the final loss: the mean of the last 20 steps
+constexpr int64_t kBatches = 128;  // the data set: 128 batches of --batch (32) sequences, cycled
+constexpr int kLastSteps = 20;     // the final loss: the mean of the last 20 steps
 
 // One pre-norm block: x + attention(norm(x)), then x + ffn(norm(x)).
 struct BlockImpl : torch::nn::Module {
@@ -127,20 +129,21 @@ struct TransformerImpl : torch::nn::Module {
 };
 TORCH_MODULE(Transformer);
 
-// kSequences sequences of kSeq + 1 tokens: token t is table[token t-2, token
-// t-1] with probability 0.9, else uniform; the first two are uniform. From
-// the seed 1234 + seed (--seed).
-torch::Tensor make_data(uint64_t seed) {
+// kBatches · batch sequences of kSeq + 1 tokens: token t is table[token t-2,
+// token t-1] with probability 0.9, else uniform; the first two are uniform.
+// From the seed 1234 + seed (--seed).
+torch::Tensor make_data(uint64_t seed, int64_t batch) {
   torch::manual_seed(1234 + seed);
+  const int64_t sequences = kBatches * batch;
   const auto table = torch::randint(0, kVocab, {kVocab * kVocab}, torch::kLong);
-  std::vector<torch::Tensor> columns{torch::randint(0, kVocab, {kSequences}, torch::kLong),
-                                     torch::randint(0, kVocab, {kSequences}, torch::kLong)};
+  std::vector<torch::Tensor> columns{torch::randint(0, kVocab, {sequences}, torch::kLong),
+                                     torch::randint(0, kVocab, {sequences}, torch::kLong)};
   for (int64_t t = 2; t <= kSeq; ++t) {
     const auto rule = table.index_select(0, columns[t - 2] * kVocab + columns[t - 1]);
-    const auto noise = torch::randint(0, kVocab, {kSequences}, torch::kLong);
-    columns.push_back(torch::where(torch::rand({kSequences}) < 0.9, rule, noise));
+    const auto noise = torch::randint(0, kVocab, {sequences}, torch::kLong);
+    columns.push_back(torch::where(torch::rand({sequences}) < 0.9, rule, noise));
   }
-  return torch::stack(columns, 1);  // [kSequences, kSeq + 1]
+  return torch::stack(columns, 1);  // [kBatches · batch, kSeq + 1]
 }
 
 struct Result {
@@ -182,7 +185,8 @@ std::vector<Result> train(const torch::Tensor& data, int steps, bool checkpoint,
   }
   const int64_t warmup = steps > 2 * kLastSteps ? kLastSteps : 0;
   for (int64_t step = 0; step < steps; ++step) {
-    const auto batch = data.narrow(0, (step * kBatch) % kSequences, kBatch);
+    const int64_t size = data.size(0) / kBatches;
+    const auto batch = data.narrow(0, (step % kBatches) * size, size);
     const auto input = batch.narrow(1, 0, kSeq), target = batch.narrow(1, 1, kSeq);
     for (size_t k = 0; k < runs.size(); ++k) {  // each step from another run: no run is always first
       Run& r = runs[(k + static_cast<size_t>(step)) % runs.size()];
@@ -253,6 +257,7 @@ std::optional<long> flag_value(const std::string& arg, const char* flag, long lo
 int main(int argc, char** argv) {
   int steps = 400;
   uint64_t seed = 0;
+  int64_t batch = 32;
   bool checkpoint = false;
   std::vector<std::string> precisions;
   for (int i = 1; i < argc; ++i) {
@@ -269,10 +274,14 @@ int main(int argc, char** argv) {
       const auto value = flag_value(arg, "--seed", 0, 1000000);
       if (!value) return 2;
       seed = static_cast<uint64_t>(*value);
+    } else if (arg.rfind("--batch=", 0) == 0) {
+      const auto value = flag_value(arg, "--batch", 1, 4096);
+      if (!value) return 2;
+      batch = *value;
     } else {
       std::fprintf(stderr,
                    "amp: low_bit_transformer: unknown argument \"%s\" (usage: low_bit_transformer [--steps=N] "
-                   "[--seed=S] [--checkpoint] [--precision=NAME])\n",
+                   "[--seed=S] [--batch=B] [--checkpoint] [--precision=NAME])\n",
                    arg.c_str());
       return 2;
     }
@@ -286,11 +295,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const auto data = make_data(seed);
+  const auto data = make_data(seed, batch);
   int64_t params = 0;
   for (const auto& p : Transformer()->parameters()) params += p.numel();
-  std::printf("low_bit_transformer: LibTorch %d.%d, %lld parameters, %d steps, seed %llu%s\n", TORCH_VERSION_MAJOR,
-              TORCH_VERSION_MINOR, static_cast<long long>(params), steps, static_cast<unsigned long long>(seed),
+  std::printf("low_bit_transformer: LibTorch %d.%d, %lld parameters, %d steps, batch %lld, seed %llu%s\n",
+              TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, static_cast<long long>(params), steps,
+              static_cast<long long>(batch), static_cast<unsigned long long>(seed),
               checkpoint ? ", each also with its blocks checkpointed" : "");
   std::fflush(stdout);
 

@@ -197,7 +197,7 @@ optimizer_bytes,formula_bytes,steps_per_s,final_loss,mode" || fail "csv header"
     # --checkpoint: each optimizer also trains a copy with checkpointed blocks.
     OMP_NUM_THREADS=1 "$bin" --steps=30 --checkpoint >out.txt 2>err.txt || { cat out.txt err.txt; fail "exit code"; }
     cat out.txt
-    grep -qE '^low_bit_transformer: LibTorch [0-9]+\.[0-9]+, [0-9]+ parameters, 30 steps, seed 0, each also with its blocks checkpointed$' \
+    grep -qE '^low_bit_transformer: LibTorch [0-9]+\.[0-9]+, [0-9]+ parameters, 30 steps, batch 32, seed 0, each also with its blocks checkpointed$' \
       out.txt || fail "header line"
     num='[0-9]+\.[0-9]+'
     for o in AdamW AdamW8bit AdamW4bit; do
@@ -215,6 +215,8 @@ optimizer_bytes,formula_bytes,steps_per_s,final_loss,mode" || fail "csv header"
     grep -q "amp: low_bit_transformer's --steps must be" bad.txt || fail "bad --steps message"
     if "$bin" --seed=x >bad.txt 2>&1; then fail "--seed=x accepted"; fi
     grep -q "amp: low_bit_transformer's --seed must be" bad.txt || fail "bad --seed message"
+    if "$bin" --batch=0 >bad.txt 2>&1; then fail "--batch=0 accepted"; fi
+    grep -q "amp: low_bit_transformer's --batch must be an integer in \[1, 4096\]" bad.txt || fail "bad --batch message"
     # --precision takes amp::dispatch_precision's strings, all checked before any training.
     if "$bin" --precision=fp17 >bad.txt 2>&1; then fail "--precision=fp17 accepted"; fi
     grep -q 'amp: unknown precision "fp17"; valid: .*mxfp8-floor, nvfp4-sr' bad.txt || fail "bad --precision message"

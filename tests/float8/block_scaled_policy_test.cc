@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "amp/amp.h"
+#include "../error_of.h"
 #include "../tmp_path.h"
 
 namespace float8_test {  // a layer's test files share one TU (tests/BUILD.bazel)
@@ -135,6 +136,62 @@ TEST(BlockScaledPolicy, TheRegionRunsTheRecipeAndPadsTheRows) {
     EXPECT_TRUE(torch::equal(part, full.narrow(0, 0, 24))) << tag;
   }
 }
+
+#if AMP_DETAIL_HAS_FLOAT8_MATMUL
+// A float8 guard (delayed or tensorwise) opened inside a block-scaled region
+// would run every linear in its recipe instead: an amp: error that names
+// both, and the region's recipe still runs. The innermost Float8 region
+// decides: inside a tensorwise region nested in it, and in a bf16 region
+// (the passing twin), the guards open.
+TEST(BlockScaledPolicy, AFloat8GuardInsideABlockScaledRegionIsAnError) {
+  using amp_test::error_of;
+  BsNet net = make_net();
+  const auto x = batch(0).x;
+  amp::float8::DelayedScaling fp8;
+  fp8.track(*net);
+  const auto opens = [&] {
+    return error_of([&] { amp::float8::DelayedLinearGuard guard(fp8); }) == "<no error>" &&
+           error_of([] { amp::float8::LinearGuard<> guard; }) == "<no error>";
+  };
+  {
+    amp::Region<Rceil, amp::CPU> region;
+    const auto before = net->fc1(x);
+    const std::string delayed = error_of([&] { amp::float8::DelayedLinearGuard guard(fp8); });
+    EXPECT_EQ(delayed.rfind("amp: amp::float8::DelayedLinearGuard opened inside a Region<Float8<amp::MXFP8<...>>> "
+                            "(a Trainer's or Fabric's too) would run its linears in amp::Delayed<...> instead of "
+                            "amp::MXFP8",
+                            0),
+              0u)
+        << delayed;
+    EXPECT_NE(delayed.find("a Region, Trainer or Fabric of amp::Float8<amp::Delayed<...>>"), std::string::npos)
+        << delayed;
+    const std::string tensorwise = error_of([] { amp::float8::LinearGuard<> guard; });
+    EXPECT_EQ(tensorwise.rfind("amp: amp::float8::LinearGuard opened inside a Region<Float8<amp::MXFP8<...>>>", 0), 0u)
+        << tensorwise;
+    EXPECT_NE(tensorwise.find("amp::Float8<amp::Tensorwise>"), std::string::npos) << tensorwise;
+    EXPECT_TRUE(torch::equal(net->fc1(x), before));  // still MXFP8, bit for bit
+#if AMP_DETAIL_HAS_CPU_FLOAT8_MATMUL
+    {
+      amp::Region<amp::Float8<amp::Tensorwise>, amp::CPU> inner;
+      EXPECT_TRUE(opens());
+    }
+#endif
+    EXPECT_FALSE(opens());
+  }
+  {
+    amp::Region<Nvfp4Sr, amp::CPU> region;
+    const std::string rowwise = error_of([] { amp::float8::LinearGuard<amp::Rowwise> guard; });
+    EXPECT_EQ(rowwise.rfind("amp: amp::float8::LinearGuard opened inside a Region<Float8<amp::NVFP4<...>>> (a "
+                            "Trainer's or Fabric's too) would run its linears in amp::Rowwise instead of amp::NVFP4",
+                            0),
+              0u)
+        << rowwise;
+  }
+  EXPECT_TRUE(opens());
+  amp::Region<Bf16, amp::CPU> region;
+  EXPECT_TRUE(opens());
+}
+#endif  // AMP_DETAIL_HAS_FLOAT8_MATMUL
 
 template <class P>
 void fabric_is_the_trainer() {

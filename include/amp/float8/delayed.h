@@ -219,11 +219,14 @@ inline at::Tensor delayed_linear(const at::Tensor& input, const at::Tensor& weig
 
 // RAII: while it lives, the linears a routing region routes on this thread
 // run in float8 with `scaling`'s delayed scales (see LinearGuard for the
-// tensorwise recipe). The previous LinearFn comes back after.
+// tensorwise recipe). The previous LinearFn comes back after. Inside a
+// block-scaled region (Float8<MXFP8<...>> or <NVFP4<...>>): an amp: error.
 class DelayedLinearGuard {
  public:
   explicit DelayedLinearGuard(const DelayedScaling& scaling)
-      : fn_(&detail::delayed_linear), prev_(detail::current_delayed_scaling()) {
+      : fn_((detail::check_no_block_scaled_region("amp::float8::DelayedLinearGuard", "amp::Delayed<...>"),
+             &detail::delayed_linear)),
+        prev_(detail::current_delayed_scaling()) {
     detail::current_delayed_scaling() = &scaling;
   }
   ~DelayedLinearGuard() { detail::current_delayed_scaling() = prev_; }

@@ -56,6 +56,34 @@ inline std::vector<std::pair<std::string, torch::nn::LinearImpl*>> linears_of(co
   }
   return out;
 }
+
+// The block-scaled recipe ("amp::MXFP8" or "amp::NVFP4") whose Region<Float8<...>> is
+// open on this thread, else null. A float8 guard opened inside one would
+// replace its recipe for every linear, so the guards refuse.
+inline const char*& block_scaled_region() {
+  static thread_local const char* recipe = nullptr;
+  return recipe;
+}
+// RAII: marks a block-scaled region open on this thread while it lives.
+class BlockScaledRegionMark {
+ public:
+  explicit BlockScaledRegionMark(const char* recipe) : prev_(block_scaled_region()) { block_scaled_region() = recipe; }
+  ~BlockScaledRegionMark() { block_scaled_region() = prev_; }
+  BlockScaledRegionMark(const BlockScaledRegionMark&) = delete;
+  BlockScaledRegionMark& operator=(const BlockScaledRegionMark&) = delete;
+
+ private:
+  const char* prev_;
+};
+// An amp: error when `guard` is opened inside a block-scaled region.
+inline void check_no_block_scaled_region(const char* guard, const char* replacement) {
+  const char* recipe = block_scaled_region();
+  TORCH_CHECK(recipe == nullptr, "amp: ", guard, " opened inside a Region<Float8<", recipe,
+              "<...>>> (a Trainer's or Fabric's too) would run its linears in ", replacement, " instead of ", recipe,
+              ", which takes each block's scale from its own amax at the cast and keeps no scaling state; use one "
+              "recipe: the region's without the guard, or a Region, Trainer or Fabric of amp::Float8<",
+              replacement, ">");
+}
 }  // namespace detail
 
 #if AMP_DETAIL_HAS_FLOAT8_MATMUL
@@ -208,9 +236,17 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
 template <class Recipe = Tensorwise>
 class LinearGuard {
  public:
-  LinearGuard() : fn_(&float8::linear<Recipe>) {}
+  // Inside a block-scaled region (Float8<MXFP8<...>> or <NVFP4<...>>): an amp: error.
+  LinearGuard()
+      : fn_((detail::check_no_block_scaled_region("amp::float8::LinearGuard", recipe_name()),
+             &float8::linear<Recipe>)) {}
 
  private:
+  static const char* recipe_name() {
+    if constexpr (std::is_same_v<Recipe, Rowwise>) return "amp::Rowwise";
+    if constexpr (std::is_same_v<Recipe, RowwiseWithGwHp>) return "amp::RowwiseWithGwHp";
+    return "amp::Tensorwise";
+  }
   amp::detail::LinearFnGuard fn_;
 };
 

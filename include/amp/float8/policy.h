@@ -217,18 +217,21 @@ namespace detail {
 // Region<Float8<Tensorwise>, D>: the routed linears run float8::linear.
 template <>
 struct Float8RegionGuard<Tensorwise> {
-  float8::LinearGuard<Tensorwise> guard;
+  float8::detail::BlockScaledRegionMark mark{nullptr};  // the innermost Float8 region's recipe runs
+  LinearFnGuard guard{&float8::linear<Tensorwise>};
 };
 
 // Region<Float8<Rowwise>, D> and Region<Float8<RowwiseWithGwHp>, D>:
 // float8::linear with torchao's rowwise recipes (amp/float8/rowwise.h).
 template <>
 struct Float8RegionGuard<Rowwise> {
-  float8::LinearGuard<Rowwise> guard;
+  float8::detail::BlockScaledRegionMark mark{nullptr};  // the innermost Float8 region's recipe runs
+  LinearFnGuard guard{&float8::linear<Rowwise>};
 };
 template <>
 struct Float8RegionGuard<RowwiseWithGwHp> {
-  float8::LinearGuard<RowwiseWithGwHp> guard;
+  float8::detail::BlockScaledRegionMark mark{nullptr};  // the innermost Float8 region's recipe runs
+  LinearFnGuard guard{&float8::linear<RowwiseWithGwHp>};
 };
 
 // Region<Float8<Delayed<...>>, D>: the routed linears run with the scales of
@@ -237,6 +240,7 @@ struct Float8RegionGuard<RowwiseWithGwHp> {
 // first fitting linear.
 template <int H, int M>
 struct Float8RegionGuard<Delayed<H, M>> {
+  float8::detail::BlockScaledRegionMark mark{nullptr};
   LinearFnGuard guard{&float8::detail::delayed_linear};
 };
 
@@ -250,10 +254,12 @@ namespace detail {
 // routed linears run the block-scaled recipe (amp/float8/block_scaled.h).
 template <MxScaleMode Mode>
 struct Float8RegionGuard<MXFP8<Mode>> {
+  float8::detail::BlockScaledRegionMark mark{"amp::MXFP8"};
   LinearFnGuard guard{&float8::detail::block_scaled_linear<MXFP8<Mode>>};
 };
 template <bool SR>
 struct Float8RegionGuard<NVFP4<SR>> {
+  float8::detail::BlockScaledRegionMark mark{"amp::NVFP4"};
   LinearFnGuard guard{&float8::detail::block_scaled_linear<NVFP4<SR>>};
 };
 
