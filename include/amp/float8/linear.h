@@ -57,27 +57,11 @@ inline std::vector<std::pair<std::string, torch::nn::LinearImpl*>> linears_of(co
   return out;
 }
 
-// The block-scaled recipe ("amp::MXFP8" or "amp::NVFP4") whose Region<Float8<...>> is
-// open on this thread, else null. A float8 guard opened inside one would
-// replace its recipe for every linear, so the guards refuse.
-inline const char*& block_scaled_region() {
-  static thread_local const char* recipe = nullptr;
-  return recipe;
-}
-// RAII: marks a block-scaled region open on this thread while it lives.
-class BlockScaledRegionMark {
- public:
-  explicit BlockScaledRegionMark(const char* recipe) : prev_(block_scaled_region()) { block_scaled_region() = recipe; }
-  ~BlockScaledRegionMark() { block_scaled_region() = prev_; }
-  BlockScaledRegionMark(const BlockScaledRegionMark&) = delete;
-  BlockScaledRegionMark& operator=(const BlockScaledRegionMark&) = delete;
-
- private:
-  const char* prev_;
-};
-// An amp: error when `guard` is opened inside a block-scaled region.
+// An amp: error when `guard` is opened where a block-scaled region's recipe
+// is in force (LinearRoutingState::fixed_by): it would replace that recipe
+// for every linear.
 inline void check_no_block_scaled_region(const char* guard, const char* replacement) {
-  const char* recipe = block_scaled_region();
+  const char* recipe = amp::detail::linear_routing_state().fixed_by;
   TORCH_CHECK(recipe == nullptr, "amp: ", guard, " opened inside a Region<Float8<", recipe,
               "<...>>> (a Trainer's or Fabric's too) would run its linears in ", replacement, " instead of ", recipe,
               ", which takes each block's scale from its own amax at the cast and keeps no scaling state; use one "

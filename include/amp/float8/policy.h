@@ -217,7 +217,6 @@ namespace detail {
 // Region<Float8<Tensorwise>, D>: the routed linears run float8::linear.
 template <>
 struct Float8RegionGuard<Tensorwise> {
-  float8::detail::BlockScaledRegionMark mark{nullptr};  // the innermost Float8 region's recipe runs
   LinearFnGuard guard{&float8::linear<Tensorwise>};
 };
 
@@ -225,12 +224,10 @@ struct Float8RegionGuard<Tensorwise> {
 // float8::linear with torchao's rowwise recipes (amp/float8/rowwise.h).
 template <>
 struct Float8RegionGuard<Rowwise> {
-  float8::detail::BlockScaledRegionMark mark{nullptr};  // the innermost Float8 region's recipe runs
   LinearFnGuard guard{&float8::linear<Rowwise>};
 };
 template <>
 struct Float8RegionGuard<RowwiseWithGwHp> {
-  float8::detail::BlockScaledRegionMark mark{nullptr};  // the innermost Float8 region's recipe runs
   LinearFnGuard guard{&float8::linear<RowwiseWithGwHp>};
 };
 
@@ -240,7 +237,6 @@ struct Float8RegionGuard<RowwiseWithGwHp> {
 // first fitting linear.
 template <int H, int M>
 struct Float8RegionGuard<Delayed<H, M>> {
-  float8::detail::BlockScaledRegionMark mark{nullptr};
   LinearFnGuard guard{&float8::detail::delayed_linear};
 };
 
@@ -254,13 +250,11 @@ namespace detail {
 // routed linears run the block-scaled recipe (amp/float8/block_scaled.h).
 template <MxScaleMode Mode>
 struct Float8RegionGuard<MXFP8<Mode>> {
-  float8::detail::BlockScaledRegionMark mark{"amp::MXFP8"};
-  LinearFnGuard guard{&float8::detail::block_scaled_linear<MXFP8<Mode>>};
+  LinearFnGuard guard{&float8::detail::block_scaled_linear<MXFP8<Mode>>, "amp::MXFP8"};
 };
 template <bool SR>
 struct Float8RegionGuard<NVFP4<SR>> {
-  float8::detail::BlockScaledRegionMark mark{"amp::NVFP4"};
-  LinearFnGuard guard{&float8::detail::block_scaled_linear<NVFP4<SR>>};
+  LinearFnGuard guard{&float8::detail::block_scaled_linear<NVFP4<SR>>, "amp::NVFP4"};
 };
 
 }  // namespace detail

@@ -50,6 +50,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "amp/detail/compat_ops.h"
 #include "amp/detail/thread_state_guard.h"
@@ -90,6 +91,10 @@ struct LinearRoutingState {
   // dtype first, as `fn`'s own linear(x, w, bias) does (float8: torchao's
   // `y + bias.to(y.dtype)`).
   const c10::TensorImpl* bias_pending = nullptr;
+  // The recipe that set `fn` when no other LinearFn may replace it while it
+  // is in force (a block-scaled Float8 region: amp/float8/policy.h; float8's
+  // guards refuse), else null.
+  const char* fixed_by = nullptr;
 };
 
 inline LinearRoutingState& linear_routing_state() {
@@ -107,16 +112,22 @@ inline LinearFn set_linear_fn(LinearFn fn) {
   return prev;
 }
 
-// RAII: this thread's LinearFn is `fn` while it lives; the previous one comes back after.
+// RAII: this thread's LinearFn is `fn`, and LinearRoutingState::fixed_by
+// `fixed_by`, while it lives; the previous ones come back after.
 class LinearFnGuard {
  public:
-  explicit LinearFnGuard(LinearFn fn) : prev_(set_linear_fn(fn)) {}
-  ~LinearFnGuard() { set_linear_fn(prev_); }
+  explicit LinearFnGuard(LinearFn fn, const char* fixed_by = nullptr)
+      : prev_(set_linear_fn(fn)), prev_fixed_by_(std::exchange(linear_routing_state().fixed_by, fixed_by)) {}
+  ~LinearFnGuard() {
+    set_linear_fn(prev_);
+    linear_routing_state().fixed_by = prev_fixed_by_;
+  }
   LinearFnGuard(const LinearFnGuard&) = delete;
   LinearFnGuard& operator=(const LinearFnGuard&) = delete;
 
  private:
   LinearFn prev_;
+  const char* prev_fixed_by_;
 };
 
 // The weight w if t is exactly w.t() for a 2-D leaf w that requires grad (a
